@@ -1,0 +1,126 @@
+"""The ``speculators-compat`` command (also ``python -m speculators_compat``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from . import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="speculators-compat")
+def main() -> None:
+    """Run speculators 0.3.0's EAGLE-3 data generation on the vLLM you have."""
+
+
+@main.command()
+def versions() -> None:
+    """Print the installed vLLM, speculators, torch and transformers versions."""
+    from .versions import installed_versions
+
+    for name, value in installed_versions().as_dict().items():
+        click.echo(f"{name:<13} {value or 'not installed'}")
+
+
+@main.group()
+def fixtures() -> None:
+    """Tiny random checkpoints and the embedded chat dataset."""
+
+
+@fixtures.command("list")
+def fixtures_list() -> None:
+    """List the recipes."""
+    from .tiny import list_recipes, load_recipe
+
+    for name in list_recipes():
+        recipe = load_recipe(name)
+        click.echo(f"{name:<18} {recipe['architecture']:<36} dtypes: {', '.join(recipe['dtypes'])}")
+
+
+@fixtures.command("build")
+@click.argument("name")
+@click.option("--dtype", default=None, help="One of the recipe's dtypes (default: its first).")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Folder to write (default: the cache, $SPECULATORS_COMPAT_CACHE).",
+)
+@click.option("--force", is_flag=True, help="Rebuild even if the cache has it.")
+def fixtures_build(name: str, dtype: str | None, out: Path | None, force: bool) -> None:
+    """Build the checkpoint of recipe NAME and print its folder."""
+    from .tiny import build
+
+    try:
+        click.echo(build(name, dtype, out_dir=out, force=force))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+@fixtures.command("chat")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where to write (default: the embedded fixtures/chat/tiny-chat.jsonl).",
+)
+@click.option("-n", "count", default=300, show_default=True, help="Number of conversations.")
+@click.option("--seed", default=0, show_default=True)
+def fixtures_chat(out: Path | None, count: int, seed: int) -> None:
+    """Regenerate the synthetic chat dataset (deterministic for a seed)."""
+    from .tiny import chat, chat_dataset_path
+
+    click.echo(chat.write_jsonl(chat.make_conversations(count, seed), out or chat_dataset_path()))
+
+
+@main.command()
+@click.option(
+    "--model", "recipe", default="deepseek-v3-tiny", show_default=True, help="Fixture recipe to load."
+)
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--samples", default=3, show_default=True, help="Conversations to compare.")
+def smoke(recipe: str, dtype: str, samples: int) -> None:
+    """Load a tiny fixture in real vLLM, generate, and check every layer against transformers.
+
+    Exits non-zero when a layer's output differs from the transformers reference by more than
+    the tolerance for the dtype.
+    """
+    from .cpu_alias import ensure_vllm_cpu_alias
+    from .reference import TOLERANCE, ReferenceModel, relative_error
+    from .tiny import build, sample_token_ids
+
+    ensure_vllm_cpu_alias()
+    t0 = time.perf_counter()
+    path = build(recipe, dtype)
+    click.echo(f"fixture   {recipe} ({dtype}) at {path}  [{time.perf_counter() - t0:.1f}s]")
+
+    from .layer_probe import VllmLayerProbe
+    from .versions import installed_versions
+
+    t0 = time.perf_counter()
+    probe = VllmLayerProbe(path, dtype=dtype)
+    click.echo(f"vllm      {installed_versions().vllm} engine up  [{time.perf_counter() - t0:.1f}s]")
+    reference = ReferenceModel(path)
+    worst = 0.0
+    for i, ids in enumerate(sample_token_ids(path, samples)):
+        got, expected = probe.layer_outputs(ids), reference.layer_outputs(ids)
+        errors = [relative_error(got[k], expected[k]) for k in range(reference.num_layers)]
+        worst = max(worst, *errors)
+        click.echo(
+            f"sample {i}  {len(ids):>4} tokens, per-layer relative error: "
+            + " ".join(f"{e:.1e}" for e in errors)
+        )
+    click.echo(f"generate  {probe.generate(ids, 8)}")
+    ok = worst <= TOLERANCE[dtype]
+    click.echo(
+        f"{'OK' if ok else 'FAIL'}: worst relative error {worst:.2e} (tolerance {TOLERANCE[dtype]:.0e})"
+    )
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Per-layer outputs from a real vLLM engine, through vLLM's public ``LLM`` API.
+
+This is how the test suite (and ``speculators-compat smoke``) proves that vLLM, on this
+machine, computes what transformers computes for a fixture model: the engine runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), ``LLM.apply_model`` registers a forward hook on every
+decoder layer, and each prompt is prefilled alone with ``max_tokens=1``, so the hooks see that
+prompt's tokens and nothing else. It uses no speculators code and no shim: it is the ground
+truth the shims are later compared with.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = ["VllmLayerProbe", "cpu_engine_env", "find_decoder_layers"]
+
+
+def cpu_engine_env() -> dict[str, str]:
+    """Environment defaults for running vLLM's CPU backend on a tiny model.
+
+    MLA has no CPU kernel (vLLM: "MLA is not supported on CPU."), so DeepSeek attention is built
+    without it; a 1 GiB KV cache is plenty for a tiny model and makes start-up fast. Values the
+    caller already set win. Nothing is set when a GPU is present.
+    """
+    if torch.cuda.is_available():
+        return {}
+    return {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def find_decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder-layer list of a vLLM model, also inside multimodal wrappers."""
+    candidates = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.ModuleList) and name.split(".")[-2:] == ["model", "layers"]
+    ] or [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.ModuleList) and name.endswith("layers")
+    ]
+    if not candidates:
+        raise LookupError(f"no decoder layers found in {type(model).__name__}")
+    return candidates[0][1]
+
+
+class VllmLayerProbe:
+    """A vLLM ``LLM`` on a local checkpoint with forward hooks on every decoder layer."""
+
+    def __init__(self, model_dir: str | Path, dtype: str = "float32", **engine_kwargs):
+        for key, value in {**cpu_engine_env(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
+            os.environ.setdefault(key, value)
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+            raise RuntimeError("VllmLayerProbe needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (in-process engine)")
+        from vllm import LLM
+
+        kwargs = dict(
+            model=str(model_dir),
+            dtype=dtype,
+            enforce_eager=True,  # hooks do not run inside compiled graphs
+            enable_prefix_caching=False,  # every token's states must be computed
+            max_model_len=1024,
+            max_num_seqs=8,
+            # As speculators 0.3.0 uses; with bf16, the CPU default (128) selects an AMX attention
+            # kernel these CPU builds lack ("Unsupported CPU attention configuration").
+            block_size=16,
+            seed=0,
+        )
+        kwargs.update(engine_kwargs)
+        self.llm = LLM(**kwargs)
+        self._captured: list[torch.Tensor] = []
+        self.num_layers = self.llm.apply_model(self._install_hooks)[0]
+
+    def _install_hooks(self, model: torch.nn.Module) -> int:
+        layers = find_decoder_layers(model)
+        captured = self._captured
+
+        def hook(_module, _args, output):
+            if isinstance(output, tuple):
+                hidden, residual = output[0], output[1]
+                out = hidden if residual is None else hidden + residual
+            else:
+                out = output
+            captured.append(out.detach().float().cpu().clone())
+
+        for layer in layers:
+            layer.register_forward_hook(hook)
+        return len(layers)
+
+    def _prefill(self, token_ids: list[int], max_tokens: int):
+        from vllm import SamplingParams
+
+        self._captured.clear()
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        return self.llm.generate([{"prompt_token_ids": list(token_ids)}], params, use_tqdm=False)[0]
+
+    def layer_outputs(self, token_ids: list[int]) -> torch.Tensor:
+        """Every decoder layer's output for one prompt: [num_layers, seq_len, hidden]."""
+        self._prefill(token_ids, max_tokens=1)
+        per_layer: list[list[torch.Tensor]] = [[] for _ in range(self.num_layers)]
+        # Hooks fire layer by layer for every forward pass; a long prompt may take several
+        # (chunked prefill), each covering the next slice of its tokens.
+        for i, t in enumerate(self._captured):
+            per_layer[i % self.num_layers].append(t)
+        out = torch.stack([torch.cat(chunks) for chunks in per_layer])
+        if out.shape[1] != len(token_ids):
+            raise RuntimeError(f"captured {out.shape[1]} token states for a {len(token_ids)}-token prompt")
+        return out
+
+    def generate(self, token_ids: list[int], max_tokens: int = 4) -> list[int]:
+        """Greedy continuation of one prompt."""
+        return list(self._prefill(token_ids, max_tokens=max_tokens).outputs[0].token_ids)

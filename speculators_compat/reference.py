@@ -1,0 +1,105 @@
+"""The reference oracle: each decoder layer's output, computed by transformers in float32.
+
+speculators 0.3.0's convention for "layer i's hidden state" is the layer's **output**: the
+residual stream after layer i (``hidden_states + residual`` in vLLM's fused-norm layers), before
+the final norm. Here a forward hook on every decoder layer of the transformers model records
+exactly that, so the oracle never re-implements the model.
+
+Multimodal wrappers (a checkpoint whose config has a ``text_config`` and whose weights sit under
+``language_model.``) are reduced to their text model: the weights are loaded with the prefix
+stripped into the transformers class of ``text_config``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+__all__ = ["TOLERANCE", "ReferenceModel", "relative_error"]
+
+#: Largest relative error (see :func:`relative_error`) accepted between vLLM's layer outputs and
+#: this oracle, per checkpoint dtype. Measured on the tiny fixtures (vLLM 0.11-0.16, CPU): float32
+#: 0 to 1.1e-3, bfloat16 4e-3 to 1.2e-2; a state taken from the wrong layer or sequence is off by
+#: more than 0.5. The bounds leave room above the measurements and far below a wrong answer.
+TOLERANCE = {"float32": 5e-3, "bfloat16": 3e-2, "float16": 3e-2}
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected|: one number per compared tensor."""
+    actual = actual.detach().float().cpu()
+    expected = expected.detach().float().cpu()
+    if actual.shape != expected.shape:
+        raise ValueError(f"shape mismatch: {tuple(actual.shape)} vs {tuple(expected.shape)}")
+    scale = expected.abs().max().clamp_min(1e-12)
+    return float((actual - expected).abs().max() / scale)
+
+
+class ReferenceModel:
+    """A checkpoint loaded in transformers (float32, CPU) that returns per-layer outputs."""
+
+    def __init__(self, model_dir: str | Path):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.model_dir = Path(model_dir)
+        raw = json.loads((self.model_dir / "config.json").read_text())
+        if "text_config" in raw:
+            self.model = _load_text_model_of_wrapper(self.model_dir, raw)
+        else:
+            config = AutoConfig.from_pretrained(self.model_dir)
+            self.model = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, config=config, dtype=torch.float32
+            )
+        self.model.eval()
+        self.layers = self.model.model.layers
+        self.num_layers = len(self.layers)
+
+    @torch.no_grad()
+    def layer_outputs(self, token_ids: list[int]) -> torch.Tensor:
+        """Outputs of every decoder layer for one sequence: shape [num_layers, seq_len, hidden]."""
+        captured: list[torch.Tensor] = []
+
+        def hook(_module, _args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            captured.append(out[0].detach().clone())
+
+        handles = [layer.register_forward_hook(hook) for layer in self.layers]
+        try:
+            ids = torch.as_tensor([token_ids], dtype=torch.long)
+            self.model(input_ids=ids, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        if len(captured) != self.num_layers:
+            raise RuntimeError(f"captured {len(captured)} layer outputs, expected {self.num_layers}")
+        return torch.stack(captured)
+
+    @torch.no_grad()
+    def next_token(self, token_ids: list[int]) -> tuple[int, float]:
+        """Greedy next token after ``token_ids`` and its logit margin over the runner-up."""
+        ids = torch.as_tensor([token_ids], dtype=torch.long)
+        logits = self.model(input_ids=ids, use_cache=False).logits[0, -1].float()
+        top = torch.topk(logits, 2)
+        return int(top.indices[0]), float(top.values[0] - top.values[1])
+
+
+def _load_text_model_of_wrapper(model_dir: Path, raw: dict):
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    text = dict(raw["text_config"])
+    config = AutoConfig.for_model(text.pop("model_type"), **text)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        for key, value in load_file(str(shard)).items():
+            if key.startswith("language_model."):
+                state[key.removeprefix("language_model.")] = value.float()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(
+            f"{model_dir}: text weights under 'language_model.' do not fit {config.architectures}: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    return model

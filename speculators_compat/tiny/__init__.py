@@ -1,0 +1,224 @@
+"""Tiny, randomly initialised checkpoints built offline from JSON recipes.
+
+A recipe (``fixtures/recipes/<name>.json``) names an architecture and a shrunken config. The
+builder turns it into a complete local checkpoint: ``config.json``, seeded random weights as
+``model.safetensors``, a BPE tokenizer trained on the embedded chat corpus with a chat template,
+and ``generation_config.json``. The result is cached under a folder whose name hashes the
+recipe, the dtype and the builder version, so the same recipe always maps to the same files.
+
+    >>> from speculators_compat.tiny import build
+    >>> path = build("deepseek-v3-tiny", dtype="float32")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from . import chat
+from .tokenizer import STYLES, build_tokenizer
+
+__all__ = ["BUILDER_VERSION", "build", "cache_root", "fixtures_dir", "list_recipes", "load_recipe"]
+
+#: Bump when the builder's output changes for an unchanged recipe (it is part of the cache key).
+BUILDER_VERSION = 1
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def fixtures_dir() -> Path:
+    """The ``fixtures/`` folder: inside the installed wheel, or at the top of a source checkout."""
+    packaged = Path(str(resources.files("speculators_compat"))) / "_fixtures"
+    if packaged.is_dir():
+        return packaged
+    checkout = Path(__file__).resolve().parents[2] / "fixtures"
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError(
+        "speculators_compat's fixtures are missing: neither the packaged copy "
+        f"({packaged}) nor a source checkout's ({checkout}) exists; reinstall the package"
+    )
+
+
+def chat_dataset_path() -> Path:
+    """The embedded chat dataset (JSONL, ShareGPT-shaped)."""
+    return fixtures_dir() / "chat" / "tiny-chat.jsonl"
+
+
+def list_recipes() -> list[str]:
+    return sorted(p.stem for p in (fixtures_dir() / "recipes").glob("*.json"))
+
+
+def load_recipe(name: str) -> dict:
+    path = fixtures_dir() / "recipes" / f"{name}.json"
+    if not path.is_file():
+        raise ValueError(f"no recipe named {name!r}; known recipes: {', '.join(list_recipes())}")
+    recipe = json.loads(path.read_text())
+    if recipe.get("name") != name:
+        raise ValueError(f"{path}: 'name' is {recipe.get('name')!r}, expected {name!r}")
+    return recipe
+
+
+def cache_root() -> Path:
+    """Where built checkpoints live: ``$SPECULATORS_COMPAT_CACHE`` or ``~/.cache/speculators_compat``."""
+    env = os.environ.get("SPECULATORS_COMPAT_CACHE")
+    base = Path(env) if env else Path.home() / ".cache" / "speculators_compat"
+    return base / "fixtures"
+
+
+def _resolved(recipe: dict) -> dict:
+    """The recipe with its base recipe (for wrappers) inlined: what the cache key hashes."""
+    if "base" in recipe:
+        return {**recipe, "base": _resolved(load_recipe(recipe["base"]))}
+    return recipe
+
+
+def cache_key(recipe: dict, dtype: str) -> str:
+    """Hash of what decides the files: recipe, dtype, builder, and the torch and transformers
+    releases (a tokenizer saved by transformers 5 does not load in 4.x, and torch's RNG may
+    differ between releases)."""
+    import torch
+    import transformers
+
+    blob = json.dumps(
+        {
+            "recipe": _resolved(recipe),
+            "dtype": dtype,
+            "builder": BUILDER_VERSION,
+            "torch": torch.__version__.split("+")[0],
+            "transformers": transformers.__version__,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def build(name: str, dtype: str | None = None, *, out_dir: Path | None = None, force: bool = False) -> Path:
+    """Build (or reuse from the cache) the checkpoint for recipe ``name``; return its folder."""
+    recipe = load_recipe(name)
+    dtype = dtype or recipe["dtypes"][0]
+    if dtype not in recipe["dtypes"]:
+        raise ValueError(f"recipe {name!r} offers dtypes {recipe['dtypes']}, not {dtype!r}")
+    target = Path(out_dir) if out_dir else cache_root() / f"{name}-{dtype}-{cache_key(recipe, dtype)}"
+    if (target / "config.json").is_file() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build in a sibling temp folder and rename it into place, so that a crash never leaves
+    # a half-written checkpoint where the cache would find it.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)
+    try:
+        _materialise(recipe, dtype, tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return target
+
+
+def _materialise(recipe: dict, dtype: str, out: Path) -> None:
+    kind = recipe.get("kind", "causal-lm")
+    if kind == "causal-lm":
+        _build_causal_lm(recipe, dtype, out)
+    elif kind == "kimi-k25":
+        from .kimi import build_kimi_k25
+
+        build_kimi_k25(recipe, load_recipe(recipe["base"]), dtype, out)
+    else:
+        raise ValueError(f"recipe {recipe['name']!r}: unknown kind {kind!r}")
+    (out / "recipe.json").write_text(json.dumps(_resolved(recipe), indent=2, sort_keys=True) + "\n")
+
+
+def make_tokenizer(recipe: dict):
+    spec = recipe["tokenizer"]
+    corpus = chat.corpus_text(chat.make_conversations())
+    return build_tokenizer(corpus, vocab_size=spec["vocab_size"], style=spec["style"])
+
+
+def text_config(recipe: dict, tokenizer, dtype: str):
+    """The transformers config of a causal-LM recipe, with vocab and special ids from the tokenizer."""
+    from transformers import AutoConfig
+
+    cfg = dict(recipe["config"])
+    model_type = cfg.pop("model_type")
+    style = STYLES[recipe["tokenizer"]["style"]]
+    vocab = -(-len(tokenizer) // 64) * 64  # round up, as real checkpoints pad their vocab
+    return AutoConfig.for_model(
+        model_type,
+        architectures=[recipe["architecture"]],
+        vocab_size=vocab,
+        bos_token_id=tokenizer.convert_tokens_to_ids(style["bos"]),
+        eos_token_id=tokenizer.convert_tokens_to_ids(style["eos_for_generation"]),
+        pad_token_id=tokenizer.convert_tokens_to_ids(style["pad"]),
+        dtype=dtype,
+        **cfg,
+    )
+
+
+def random_model(config, seed: int):
+    """A transformers model with seeded random weights, in float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Some init schemes leave biases/buffers at zero (e.g. DeepSeek's routing correction bias):
+    # give those a small seeded random value too, so the code paths using them are exercised.
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for pname, p in [*model.named_parameters(), *model.named_buffers()]:
+            if pname.endswith("e_score_correction_bias"):
+                p.copy_(torch.rand(p.shape, generator=gen) * 0.01)
+    return model.eval()
+
+
+def save_generation_config(config, out: Path) -> None:
+    from transformers import GenerationConfig
+
+    GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        do_sample=False,
+    ).save_pretrained(str(out))
+
+
+def _build_causal_lm(recipe: dict, dtype: str, out: Path) -> None:
+    import torch
+
+    tokenizer = make_tokenizer(recipe)
+    config = text_config(recipe, tokenizer, dtype)
+    model = random_model(config, recipe.get("seed", 0))
+    model.to(getattr(torch, dtype))
+    model.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    save_generation_config(config, out)
+
+
+_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def load_chat(path: Path | None = None) -> list[dict]:
+    """Rows of a chat JSONL file (default: the embedded dataset)."""
+    path = Path(path) if path else chat_dataset_path()
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def sample_token_ids(model_dir: Path, n: int, start: int = 0) -> list[list[int]]:
+    """Token ids of ``n`` embedded conversations, formatted with the checkpoint's chat template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    out = []
+    for row in load_chat()[start : start + n]:
+        messages = [{"role": _ROLES[turn["from"]], "content": turn["value"]} for turn in row["conversations"]]
+        out.append(list(tokenizer.apply_chat_template(messages, tokenize=True)))
+    return out

@@ -1,0 +1,96 @@
+"""The fixture builder and the embedded dataset: deterministic, complete, usable by speculators."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from speculators_compat.tiny import (
+    build,
+    chat,
+    chat_dataset_path,
+    list_recipes,
+    load_recipe,
+)
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()
+    }
+
+
+def test_recipes_are_listed_and_named_after_their_file():
+    names = list_recipes()
+    assert {"deepseek-v3-tiny", "llama-tiny"} <= set(names)
+    for name in names:
+        assert load_recipe(name)["name"] == name
+
+
+def test_unknown_recipe_says_which_exist():
+    with pytest.raises(ValueError, match="deepseek-v3-tiny"):
+        load_recipe("no-such-model")
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-tiny", "llama-tiny"])
+def test_builder_is_deterministic(tmp_path, name):
+    a = build(name, "float32", out_dir=tmp_path / "a")
+    b = build(name, "float32", out_dir=tmp_path / "b")
+    digest_a = _digest(a)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= set(digest_a)
+    assert digest_a == _digest(b)
+
+
+def test_deepseek_fixture_has_kimi_k2_shape(built):
+    config = json.loads((built("deepseek-v3-tiny") / "config.json").read_text())
+    assert config["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert config["topk_method"] == "noaux_tc" and config["scoring_func"] == "sigmoid"
+    assert config["first_k_dense_replace"] == 1 and config["n_shared_experts"] == 1
+    assert config["q_lora_rank"] and config["kv_lora_rank"]
+    # vLLM's CPU backend: attention head size 64, fused-MoE tile a multiple of 64.
+    assert config["qk_nope_head_dim"] + config["qk_rope_head_dim"] == 64
+    assert (2 * config["moe_intermediate_size"]) % 64 == 0
+
+
+def test_bfloat16_variant_stores_bfloat16_weights(built):
+    from safetensors import safe_open
+
+    path = built("deepseek-v3-tiny", "bfloat16")
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        dtypes = {str(f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+    assert dtypes == {"BF16"}
+
+
+def test_embedded_dataset_is_what_the_generator_makes(tmp_path):
+    fresh = chat.write_jsonl(chat.make_conversations(), tmp_path / "chat.jsonl")
+    assert fresh.read_bytes() == chat_dataset_path().read_bytes()
+    rows = [json.loads(line) for line in fresh.read_text().splitlines()]
+    assert len(rows) >= 200
+    assert any(sum(t["from"] == "gpt" for t in r["conversations"]) > 1 for r in rows)  # multi-turn
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-tiny", "llama-tiny"])
+def test_speculators_preprocessing_reads_the_dataset_with_the_fixture_template(built, name, tmp_path):
+    """speculators 0.3.0's own preprocessing finds the assistant turns through our chat template."""
+    from speculators.data_generation.preprocessing import load_and_preprocess_dataset
+
+    dataset, tokenizer = load_and_preprocess_dataset(
+        target_model_path=str(built(name)),
+        train_data_path=str(chat_dataset_path()),
+        seq_length=512,
+        build_dataset_num_proc=1,
+        max_samples=20,
+        token_freq_path=str(tmp_path / "token_freq.pt"),
+        cache_dir=str(tmp_path / "hf-cache"),
+    )
+    assert len(dataset) == 20
+    for row in dataset:
+        mask, ids = row["loss_mask"], row["input_ids"]
+        assert len(mask) == len(ids) and 0 < int(mask.sum()) < len(ids)
+        # Every trained token decodes to assistant text, never to a role marker.
+        trained = tokenizer.decode(ids[mask.bool()])
+        assert "<|im_" not in trained and "<|start_header_id|>" not in trained
+    assert (tmp_path / "token_freq.pt").is_file()
