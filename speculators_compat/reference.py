@@ -20,10 +20,11 @@ import torch
 __all__ = ["TOLERANCE", "ReferenceModel", "relative_error"]
 
 #: Largest relative error (see :func:`relative_error`) accepted between vLLM's layer outputs and
-#: this oracle, per checkpoint dtype. Measured on the tiny fixtures (vLLM 0.11-0.16, CPU): float32
-#: 0 to 1.1e-3, bfloat16 4e-3 to 1.2e-2; a state taken from the wrong layer or sequence is off by
-#: more than 0.5. The bounds leave room above the measurements and far below a wrong answer.
-TOLERANCE = {"float32": 5e-3, "bfloat16": 3e-2, "float16": 3e-2}
+#: this oracle, per checkpoint dtype. Measured on the tiny fixtures (CPU): float32 0 (vLLM 0.16)
+#: to 1.1e-3 (0.11); bfloat16 4e-3 to 1.2e-2 (0.16) and up to 3.2e-2 (0.11). A state taken from
+#: the wrong layer or sequence is off by more than 0.5. The bounds leave room above the
+#: measurements and stay far below a wrong answer.
+TOLERANCE = {"float32": 5e-3, "bfloat16": 5e-2, "float16": 5e-2}
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -84,12 +85,17 @@ class ReferenceModel:
         return int(top.indices[0]), float(top.values[0] - top.values[1])
 
 
+_TEXT_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
+
+
 def _load_text_model_of_wrapper(model_dir: Path, raw: dict):
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     text = dict(raw["text_config"])
-    config = AutoConfig.for_model(text.pop("model_type"), **text)
+    model_type = text.pop("model_type")
+    # Kimi-K2's text model type is a DeepSeek-V3 under another name (remote code upstream).
+    config = AutoConfig.for_model(_TEXT_MODEL_TYPES.get(model_type, model_type), **text)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(model_dir.glob("*.safetensors")):

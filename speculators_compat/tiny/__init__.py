@@ -78,6 +78,14 @@ def _resolved(recipe: dict) -> dict:
     return recipe
 
 
+def _builder_source_digest() -> str:
+    """Digest of this package's own code, so that a builder change never reuses stale files."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cache_key(recipe: dict, dtype: str) -> str:
     """Hash of what decides the files: recipe, dtype, builder, and the torch and transformers
     releases (a tokenizer saved by transformers 5 does not load in 4.x, and torch's RNG may
@@ -90,6 +98,7 @@ def cache_key(recipe: dict, dtype: str) -> str:
             "recipe": _resolved(recipe),
             "dtype": dtype,
             "builder": BUILDER_VERSION,
+            "builder_source": _builder_source_digest(),
             "torch": torch.__version__.split("+")[0],
             "transformers": transformers.__version__,
         },
