@@ -26,6 +26,24 @@ def versions() -> None:
         click.echo(f"{name:<13} {value or 'not installed'}")
 
 
+@main.command()
+def status() -> None:
+    """Apply the shims to the installed vLLM and speculators and print what each one did."""
+    from .registry import TESTED_VLLM, apply_now
+    from .versions import installed_versions
+
+    rows = apply_now()
+    v = installed_versions()
+    click.echo(
+        f"vLLM {v.vllm}, speculators {v.speculators}, torch {v.torch}, "
+        f"transformers {v.transformers} (tested vLLM range: {TESTED_VLLM})"
+    )
+    width = max(len(r.shim.name) for r in rows)
+    click.echo(f"{'shim':<{width}}  {'state':<10}  {'vLLM range':<14}  why")
+    for r in rows:
+        click.echo(f"{r.shim.name:<{width}}  {r.state:<10}  {r.shim.vllm:<14}  {r.reason}")
+
+
 @main.group()
 def fixtures() -> None:
     """Tiny random checkpoints and the embedded chat dataset."""

@@ -23,10 +23,29 @@ ENGINE_MODELS = [
 ]
 
 
-def vllm_supports(architecture: str) -> bool:
+def unsupported_reason(architecture: str) -> str | None:
+    """Why this vLLM cannot build ``architecture`` on the CPU backend, or None if it can."""
+    import inspect
+
+    import torch
     from vllm import ModelRegistry
 
-    return architecture in ModelRegistry.get_supported_archs()
+    from speculators_compat.versions import installed_versions
+
+    version = installed_versions().vllm
+    if architecture not in ModelRegistry.get_supported_archs():
+        return f"vLLM {version} has no {architecture} in its model registry"
+    if architecture == "KimiK25ForConditionalGeneration" and not torch.cuda.is_available():
+        from vllm.model_executor.models import kimi_k25
+
+        init = inspect.getsource(kimi_k25.KimiK25ForConditionalGeneration.__init__)
+        if "torch.cuda.current_device()" in init:
+            return (
+                f"vLLM {version}'s KimiK25ForConditionalGeneration.__init__ calls "
+                "torch.cuda.current_device(): it cannot be built on the CPU backend "
+                "(RuntimeError: Found no NVIDIA driver on your system)"
+            )
+    return None
 
 
 @pytest.fixture(scope="session")
@@ -54,12 +73,12 @@ def engine(request, built):
     from speculators_compat.layer_probe import VllmLayerProbe
     from speculators_compat.reference import ReferenceModel
     from speculators_compat.tiny import load_recipe
-    from speculators_compat.versions import installed_versions
 
     name, dtype, engine_kwargs = request.param
     architecture = load_recipe(name)["architecture"]
-    if not vllm_supports(architecture):
-        pytest.skip(f"vLLM {installed_versions().vllm} has no {architecture} in its model registry")
+    reason = unsupported_reason(architecture)
+    if reason:
+        pytest.skip(reason)
     path = built(name, dtype)
     probe = VllmLayerProbe(path, dtype=dtype, **engine_kwargs)
     probe.recipe, probe.dtype, probe.path = name, dtype, path

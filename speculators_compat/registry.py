@@ -1,0 +1,244 @@
+"""The shim registry: what each shim patches, where it applies, and what was done.
+
+A :class:`Shim` is data plus two functions: ``probe()`` says whether the drift it fixes is
+present in the installed vLLM, ``patch()`` applies the fix and returns the function that undoes
+it. Shims are applied when the module they patch is imported (a post-import hook, so importing
+``speculators_compat`` before or after vLLM and speculators both work), at most once each
+(idempotent), and only when their probe finds the drift. The version range a shim names is the
+range it was tested on; on a vLLM outside every tested range the probes still decide, and the
+status says the version is untested.
+
+The list itself lives in :mod:`speculators_compat.shims`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from packaging.specifiers import SpecifierSet
+
+from .versions import in_range
+
+log = logging.getLogger("speculators_compat")
+
+#: Comma-separated shim names to leave alone (``all`` disables every shim).
+DISABLE_ENV = "SPECULATORS_COMPAT_DISABLE"
+#: Set by ``import speculators_compat``; vLLM processes started from it activate the shims too
+#: (through the ``vllm.general_plugins`` entry point), whatever their start method.
+ACTIVE_ENV = "SPECULATORS_COMPAT_ACTIVE"
+
+SUPPORTED_SPECULATORS = SpecifierSet("==0.3.*")
+SUPPORTED_VLLM = SpecifierSet(">=0.11")
+TESTED_VLLM = SpecifierSet(">=0.11,<0.17")
+
+Undo = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Shim:
+    name: str
+    #: What it patches: ``module:qualified.attribute`` (several separated by ", ").
+    target: str
+    #: vLLM versions on which the drift was seen (and the shim tested), a packaging specifier.
+    vllm: str
+    #: What a user sees without it: the exact error text, or the wrong result.
+    symptom: str
+    #: The module whose import triggers applying the shim.
+    hook_module: str
+    probe: Callable[[], bool]
+    patch: Callable[[], Undo]
+    speculators: str = "==0.3.*"
+    #: "cpu": only where vLLM runs on its CPU backend (no CUDA device).
+    platform: str | None = None
+    #: Other shims whose patches this one builds on.
+    requires: tuple[str, ...] = field(default=())
+
+
+@dataclass
+class Status:
+    shim: Shim
+    state: str  # applied | not needed | disabled | pending | skipped | failed
+    reason: str
+
+
+_lock = threading.RLock()
+_status: dict[str, Status] = {}
+_undo: dict[str, Undo] = {}
+_active = False
+_hooks_registered = False
+_version_gate: str | None = None  # None: not checked yet; "": ok; else the reason to refuse
+
+
+def _disabled() -> set[str]:
+    return {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+
+
+def _platform_matches(shim: Shim) -> bool:
+    if shim.platform != "cpu":
+        return True
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _check_versions() -> str:
+    """'' when speculators and vLLM are in the supported ranges, else the reason."""
+    global _version_gate
+    if _version_gate is None:
+        from .versions import installed_versions
+
+        v = installed_versions()
+        problems = []
+        if v.speculators is not None and not in_range(v.speculators, SUPPORTED_SPECULATORS):
+            problems.append(f"speculators {v.speculators} (supported: {SUPPORTED_SPECULATORS})")
+        if v.vllm is not None and not in_range(v.vllm, SUPPORTED_VLLM):
+            problems.append(f"vLLM {v.vllm} (supported: {SUPPORTED_VLLM})")
+        _version_gate = ""
+        if problems:
+            _version_gate = (
+                "speculators_compat patches speculators 0.3.x on vLLM >= 0.11; found "
+                + " and ".join(problems)
+                + ": no shim applied"
+            )
+            log.warning(_version_gate)
+    return _version_gate
+
+
+def _apply(shim: Shim) -> Status:
+    """Apply one shim if it is needed, once. Called from the post-import hook."""
+    with _lock:
+        current = _status.get(shim.name)
+        if not _active or (current is not None and current.state != "pending"):
+            return current
+        gate = _check_versions()
+        if gate:
+            return _set(shim, "skipped", gate)
+        if shim.name in _disabled() or "all" in _disabled():
+            return _set(shim, "disabled", f"listed in ${DISABLE_ENV}")
+        if not _platform_matches(shim):
+            return _set(shim, "not needed", f"applies to the {shim.platform} backend only")
+        from .versions import installed_versions
+
+        version = installed_versions().vllm
+        untested = (
+            ""
+            if version is None or in_range(version, TESTED_VLLM)
+            else (f" (vLLM {version} is untested; the probe decided)")
+        )
+        try:
+            needed = shim.probe()
+        except Exception as exc:  # a probe that cannot run is itself a drift worth reporting
+            return _set(shim, "failed", f"probe raised {type(exc).__name__}: {exc}")
+        if not needed:
+            return _set(shim, "not needed", f"probe found no drift on vLLM {version}{untested}")
+        try:
+            _undo[shim.name] = shim.patch()
+        except Exception as exc:
+            log.error("shim %s failed to apply:\n%s", shim.name, traceback.format_exc())
+            return _set(shim, "failed", f"patch raised {type(exc).__name__}: {exc}")
+        log.debug("applied shim %s", shim.name)
+        return _set(shim, "applied", f"probe found the drift on vLLM {version}{untested}")
+
+
+def _set(shim: Shim, state: str, reason: str) -> Status:
+    status = Status(shim, state, reason)
+    _status[shim.name] = status
+    return status
+
+
+def activate() -> None:
+    """Apply every shim now or as soon as its module is imported. Idempotent."""
+    global _active, _hooks_registered
+    from .shims import SHIMS
+
+    with _lock:
+        _active = True
+        os.environ[ACTIVE_ENV] = "1"
+        for shim in SHIMS:
+            _status.setdefault(shim.name, Status(shim, "pending", f"waiting for {shim.hook_module}"))
+        if not _hooks_registered:
+            import wrapt
+
+            _hooks_registered = True
+            for shim in SHIMS:
+                wrapt.register_post_import_hook(lambda _mod, s=shim: _apply(s), shim.hook_module)
+        else:  # hooks stay registered; re-apply where the module is already imported
+            for shim in SHIMS:
+                if shim.hook_module in sys.modules:
+                    _apply(shim)
+
+
+def deactivate() -> None:
+    """Undo every applied shim (latest first) and stop applying new ones."""
+    global _active
+    from .shims import SHIMS
+
+    with _lock:
+        _active = False
+        os.environ.pop(ACTIVE_ENV, None)
+        for shim in reversed(SHIMS):
+            undo = _undo.pop(shim.name, None)
+            if undo is not None:
+                undo()
+        _status.clear()
+
+
+def apply_now() -> list[Status]:
+    """Import every hooked module (importing vLLM and speculators) so that all shims resolve."""
+    import importlib
+
+    from .shims import SHIMS
+
+    activate()
+    for shim in SHIMS:
+        importlib.import_module(shim.hook_module)
+    return status()
+
+
+def status() -> list[Status]:
+    """One record per shim, in registry order."""
+    from .shims import SHIMS
+
+    with _lock:
+        return [
+            _status.get(s.name) or Status(s, "inactive", "speculators_compat is deactivated") for s in SHIMS
+        ]
+
+
+def applied() -> list[str]:
+    return [s.shim.name for s in status() if s.state == "applied"]
+
+
+# -- helpers for shim modules -------------------------------------------------------------
+
+MARK = "__speculators_compat_shim__"
+
+
+def replace_attr(owner: object, attr: str, new: object, shim: str) -> Undo:
+    """Set ``owner.attr = new`` and return the exact undo. ``new`` remembers the original."""
+    own = vars(owner) if hasattr(owner, "__dict__") else {}
+    had_own = attr in own
+    original = own[attr] if had_own else getattr(owner, attr, None)
+    if getattr(original, MARK, None) == shim:
+        return lambda: None  # already patched by this shim (e.g. inherited through fork)
+    try:
+        setattr(new, MARK, shim)
+        if original is not None:
+            new.__wrapped__ = original
+    except (AttributeError, TypeError):
+        pass
+    setattr(owner, attr, new)
+
+    def undo() -> None:
+        if had_own:
+            setattr(owner, attr, original)
+        else:
+            delattr(owner, attr)  # it was inherited (or absent): lookups fall through again
+
+    return undo

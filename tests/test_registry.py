@@ -1,0 +1,102 @@
+"""The registry: every shim documented, and patching idempotent and reversible in any order."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from packaging.specifiers import SpecifierSet
+
+from speculators_compat.shims import SHIMS
+from tests.helpers import run_python
+
+
+@pytest.mark.parametrize("shim", SHIMS, ids=lambda s: s.name)
+def test_every_shim_names_target_range_symptom_and_test(shim):
+    from pathlib import Path
+
+    assert re.fullmatch(r"[a-z0-9_]+", shim.name)
+    assert re.match(r"[a-z_.]+:[A-Za-z_.]+", shim.target)
+    SpecifierSet(shim.vllm)  # parses
+    SpecifierSet(shim.speculators)
+    assert len(shim.symptom) > 20
+    assert (Path(__file__).parent / "shims" / f"test_{shim.name}.py").is_file()
+
+
+# Operations on the shim layer, each run in a fresh process, with what they imply.
+_OPS = {
+    "import_vllm_first": "import vllm.model_executor.layers.layernorm",
+    "activate": "speculators_compat.activate()",
+    "apply_now": "speculators_compat.apply_now()",
+    "unpatch": "speculators_compat.unpatch()",
+}
+
+_PROGRAM = """
+    import json, os
+    os.environ["SPECULATORS_COMPAT_AUTO"] = "0"
+    import speculators_compat
+    from speculators_compat.registry import MARK
+    from speculators_compat.shims import SHIMS
+    {ops}
+    speculators_compat.apply_now()
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    f = RMSNorm.__dict__.get("forward_cpu")
+    depth = 0
+    while f is not None and getattr(f, MARK, None):
+        depth += 1
+        f = getattr(f, "__wrapped__", None)
+    states = {{s.shim.name: s.state for s in speculators_compat.status()}}
+    speculators_compat.unpatch()
+    print(json.dumps({{"depth": depth, "states": states,
+                      "restored": "forward_cpu" not in RMSNorm.__dict__ or
+                                  not getattr(RMSNorm.__dict__["forward_cpu"], MARK, None)}}))
+"""
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.lists(st.sampled_from(sorted(_OPS)), max_size=5))
+def test_patch_unpatch_in_any_order_ends_wrapped_at_most_once_and_restores(ops):
+    result = run_python(_PROGRAM.format(ops="\n    ".join(_OPS[o] for o in ops)))
+    from speculators_compat.registry import in_range
+    from speculators_compat.shims.cpu_rms_norm_strided import SHIM
+    from speculators_compat.versions import installed_versions
+
+    expected_depth = 1 if in_range(installed_versions().vllm, SHIM.vllm) else 0
+    assert result["depth"] == expected_depth  # wrapped once when needed, never twice
+    assert "pending" not in result["states"].values()
+    assert result["restored"]
+
+
+def test_disable_env_leaves_a_shim_out():
+    result = run_python(
+        """
+        import json, speculators_compat
+        rows = speculators_compat.apply_now()
+        print(json.dumps({r.shim.name: [r.state, r.reason] for r in rows}))
+        """,
+        env={"SPECULATORS_COMPAT_DISABLE": "cpu_rms_norm_strided"},
+    )
+    assert result["cpu_rms_norm_strided"][0] == "disabled"
+    assert "SPECULATORS_COMPAT_DISABLE" in result["cpu_rms_norm_strided"][1]
+
+
+def test_unsupported_speculators_version_applies_nothing():
+    result = run_python(
+        """
+        import json
+        from packaging.version import Version
+        import speculators_compat.versions as v
+        real = v.installed_versions()
+        v.installed_versions.cache_clear()
+        fake = v.Versions(real.vllm, Version("0.4.0"), real.torch, real.transformers)
+        v.installed_versions = lambda: fake
+        import speculators_compat
+        rows = speculators_compat.apply_now()
+        print(json.dumps({r.shim.name: [r.state, r.reason] for r in rows}))
+        """,
+        env={"SPECULATORS_COMPAT_AUTO": "0"},
+    )
+    assert {state for state, _ in result.values()} == {"skipped"}
+    assert all("speculators 0.4.0 (supported: ==0.3.*)" in reason for _, reason in result.values())
