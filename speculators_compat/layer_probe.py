@@ -15,7 +15,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["VllmLayerProbe", "cpu_engine_env", "find_decoder_layers"]
+from .capture import find_decoder_layers, layer_output
+
+__all__ = ["VllmLayerProbe", "cpu_engine_env"]
 
 
 def cpu_engine_env() -> dict[str, str]:
@@ -28,22 +30,6 @@ def cpu_engine_env() -> dict[str, str]:
     if torch.cuda.is_available():
         return {}
     return {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-
-
-def find_decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The decoder-layer list of a vLLM model, also inside multimodal wrappers."""
-    candidates = [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.ModuleList) and name.split(".")[-2:] == ["model", "layers"]
-    ] or [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.ModuleList) and name.endswith("layers")
-    ]
-    if not candidates:
-        raise LookupError(f"no decoder layers found in {type(model).__name__}")
-    return candidates[0][1]
 
 
 class VllmLayerProbe:
@@ -78,12 +64,7 @@ class VllmLayerProbe:
         captured = self._captured
 
         def hook(_module, _args, output):
-            if isinstance(output, tuple):
-                hidden, residual = output[0], output[1]
-                out = hidden if residual is None else hidden + residual
-            else:
-                out = output
-            captured.append(out.detach().float().cpu().clone())
+            captured.append(layer_output(output).detach().float().cpu().clone())
 
         for layer in layers:
             layer.register_forward_hook(hook)

@@ -2,21 +2,66 @@
 
 | shim | vLLM | what it fixes |
 | --- | --- | --- |
-| cpu_rms_norm_strided | 0.12-0.13, CPU | wrong DeepSeek states: CPU rms_norm misreads strided views |
+| cpu_rms_norm_strided | 0.12-0.13, CPU | wrong DeepSeek states: CPU RMSNorm misreads strided views |
 | cpu_moe_activation_config | 0.14, CPU | "Current vLLM config is not set" in float32 MoE forward |
+| generator_executor | all | (isolation) the generator gets a MultiprocExecutor of its own |
+| scheduler_config_encoder_decoder | >=0.12 | SchedulerConfig "is_encoder_decoder Field required" |
+| cache_config_prefix_caching | all | block_hashes assert / prefix-cached tokens never computed |
+| kv_cache_config_specs | >=0.12 | unexpected keyword argument 'kv_cache_specs' |
+| scheduler_block_size | >=0.12 | Scheduler missing 'block_size' |
+| executor_sample_tokens | >=0.12 | execute_model returns None; sample_tokens must follow |
+| collective_rpc_unique_reply | >=0.12 | collective_rpc(unique_reply_rank=0) no longer a list: [0] misreads |
+| worker_error_types | all | worker errors re-raised with their type and traceback |
+| generator_cpu_memory | all, CPU | torch.cuda.mem_get_info on a machine without CUDA |
+| generator_dtype | all | SPECULATORS_COMPAT_DTYPE instead of dtype='auto' (float32 extraction) |
+| multimodal_text_only | all | Kimi-K2.5: vision tower built and loaded for text-only extraction |
+| token_attribution | all | states on the wrong sequence (chunked prefill, >32 seqs, reordering) |
+| hidden_states_capture | all | supports_eagle3 gate, embed_input_ids, llama_4_scaling, wrappers |
+| worker_error_details | all | RuntimeError: Worker failed with error '' |
 
-Each module defines ``SHIM`` (a :class:`~speculators_compat.registry.Shim`) and its test lives
-in ``tests/shims/test_<name>.py``.
+Each module defines ``SHIM`` (a :class:`~speculators_compat.registry.Shim`); its test lives in
+``tests/shims/test_<name>.py``.
 """
 
 from __future__ import annotations
 
 from ..registry import Shim
-from . import cpu_moe_activation_config, cpu_rms_norm_strided
+from . import (
+    cache_config_prefix_caching,
+    collective_rpc_unique_reply,
+    cpu_moe_activation_config,
+    cpu_rms_norm_strided,
+    executor_sample_tokens,
+    generator_cpu_memory,
+    generator_dtype,
+    generator_executor,
+    hidden_states_capture,
+    kv_cache_config_specs,
+    multimodal_text_only,
+    scheduler_block_size,
+    scheduler_config_encoder_decoder,
+    token_attribution,
+    worker_error_details,
+    worker_error_types,
+)
 
 SHIMS: list[Shim] = [
     cpu_rms_norm_strided.SHIM,
     cpu_moe_activation_config.SHIM,
+    generator_executor.SHIM,
+    scheduler_config_encoder_decoder.SHIM,
+    cache_config_prefix_caching.SHIM,
+    kv_cache_config_specs.SHIM,
+    scheduler_block_size.SHIM,
+    executor_sample_tokens.SHIM,
+    collective_rpc_unique_reply.SHIM,
+    worker_error_types.SHIM,
+    generator_cpu_memory.SHIM,
+    generator_dtype.SHIM,
+    multimodal_text_only.SHIM,
+    token_attribution.SHIM,
+    hidden_states_capture.SHIM,
+    worker_error_details.SHIM,
 ]
 
 BY_NAME: dict[str, Shim] = {s.name: s for s in SHIMS}

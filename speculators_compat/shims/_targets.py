@@ -1,0 +1,45 @@
+"""Modules the shims hook on, and small helpers they share."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+GENERATOR = "speculators.data_generation.vllm_hidden_states_generator"
+WORKER = "speculators.data_generation.custom_worker"
+
+
+def module(name: str):
+    return importlib.import_module(name)
+
+
+def accepts(func, parameter: str) -> bool:
+    try:
+        return parameter in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def requires(func, parameter: str) -> bool:
+    """``parameter`` is in the signature with no default."""
+    try:
+        p = inspect.signature(func).parameters.get(parameter)
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.default is inspect.Parameter.empty
+
+
+def compat_executor_class():
+    """The MultiprocExecutor subclass the generator uses (installed by ``generator_executor``)."""
+    cls = module(GENERATOR).MultiprocExecutor
+    if not getattr(cls, "__speculators_compat_executor__", False):
+        raise RuntimeError("the generator_executor shim is not applied; executor shims need it")
+    return cls
+
+
+def inherited(cls, name: str):
+    """``cls.name`` as a plain function: its own, else the first base's that defines it."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return vars(klass)[name]
+    raise AttributeError(f"{cls.__name__} has no {name}")

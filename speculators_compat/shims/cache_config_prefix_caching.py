@@ -1,0 +1,46 @@
+"""Prefix caching must be off for hidden-state extraction.
+
+With prefix caching on (vLLM's default for decoder models in newer releases), blocks that an
+earlier request already filled are reused and never prefilled again: their hidden states are
+never computed, so sequences that share a prefix (a chat template, a system prompt) come back
+with fewer states than tokens. Requests built by hand, as speculators 0.3.0 builds them, also
+have no block hasher, and the KV-cache manager asserts on ``request.block_hashes``. The shim
+creates speculators' ``CacheConfig`` with ``enable_prefix_caching=False``.
+
+Probe: a default ``CacheConfig`` does not switch prefix caching off.
+"""
+
+from __future__ import annotations
+
+from ..registry import Shim, replace_attr
+from ._targets import GENERATOR, module
+
+NAME = "cache_config_prefix_caching"
+
+
+def probe() -> bool:
+    cfg = module(GENERATOR).CacheConfig(block_size=16)
+    return getattr(cfg, "enable_prefix_caching", None) is not False
+
+
+def patch():
+    gen = module(GENERATOR)
+    original = gen.CacheConfig
+
+    def CacheConfig(*args, **kwargs):  # noqa: N802 (stands in for the class)
+        kwargs.setdefault("enable_prefix_caching", False)
+        return original(*args, **kwargs)
+
+    return replace_attr(gen, "CacheConfig", CacheConfig, NAME)
+
+
+SHIM = Shim(
+    name=NAME,
+    target=f"{GENERATOR}:CacheConfig",
+    vllm=">=0.11",
+    symptom="AssertionError (bare) on request.block_hashes in the KV-cache manager; or, where it "
+    "does not assert, sequences sharing a prefix get fewer hidden states than tokens",
+    hook_module=GENERATOR,
+    probe=probe,
+    patch=patch,
+)

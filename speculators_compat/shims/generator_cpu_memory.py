@@ -1,0 +1,81 @@
+"""CPU backend: the generator sizes its KV cache with ``torch.cuda.mem_get_info()``.
+
+On a machine without CUDA (vLLM's CPU backend, as in this project's tests) speculators 0.3.0
+fails right after the workers start. The shim binds the generator module's ``torch`` to a thin
+proxy whose ``cuda.mem_get_info`` reports the CPU KV-cache budget (``VLLM_CPU_KVCACHE_SPACE``
+GiB scaled so speculators' own fraction yields it, else available RAM) and whose
+``cuda.empty_cache`` does nothing. Everything else is torch itself. On GPUs it is not applied.
+
+Probe: CUDA is not available.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+from ..registry import Shim, replace_attr
+from ._targets import GENERATOR, module
+
+NAME = "generator_cpu_memory"
+
+
+def probe() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+class _CudaOnCpu(types.SimpleNamespace):
+    def __init__(self, real_cuda, gen_module):
+        super().__init__()
+        self._real = real_cuda
+        self._gen = gen_module
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def mem_get_info(self, *args, **kwargs):
+        import psutil
+
+        total = psutil.virtual_memory().total
+        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        if space:
+            # speculators takes free * gpu_memory_utilization * CACHE_MEMORY_FRACTION; report a
+            # "free" that makes that product the configured CPU KV-cache space.
+            fraction = getattr(self._gen, "CACHE_MEMORY_FRACTION", 0.2) * 0.8
+            return int(float(space) * 2**30 / fraction), total
+        return psutil.virtual_memory().available, total
+
+    def empty_cache(self):
+        return None
+
+
+class _TorchOnCpu(types.ModuleType):
+    def __init__(self, real_torch, gen_module):
+        super().__init__("torch")
+        self._real = real_torch
+        self.cuda = _CudaOnCpu(real_torch.cuda, gen_module)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def patch():
+    import torch
+
+    gen = module(GENERATOR)
+    return replace_attr(gen, "torch", _TorchOnCpu(torch, gen), NAME)
+
+
+SHIM = Shim(
+    name=NAME,
+    target=f"{GENERATOR}:torch.cuda.mem_get_info, {GENERATOR}:torch.cuda.empty_cache",
+    vllm=">=0.11",
+    platform="cpu",
+    symptom="RuntimeError: Found no NVIDIA driver on your system. Please check that you have an "
+    "NVIDIA GPU and installed a driver",
+    hook_module=GENERATOR,
+    probe=probe,
+    patch=patch,
+)

@@ -1,0 +1,49 @@
+"""Let the caller choose the generator's dtype (``SPECULATORS_COMPAT_DTYPE``).
+
+speculators 0.3.0 hard-codes ``ModelConfig(dtype="auto")``, and vLLM's "auto" runs a float32
+checkpoint in half precision (bfloat16 on CPU). That is right for production, but a float32
+reference comparison then differs by about 1e-2 instead of about 1e-6, and a user cannot ask
+for float32 extraction at all. With ``SPECULATORS_COMPAT_DTYPE=float32`` (or ``bfloat16``,
+``float16``) the shim passes that dtype instead; unset, nothing changes.
+
+Probe: the environment variable is set.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..registry import Shim, replace_attr
+from ._targets import GENERATOR, module
+
+NAME = "generator_dtype"
+ENV = "SPECULATORS_COMPAT_DTYPE"
+
+
+def probe() -> bool:
+    return bool(os.environ.get(ENV))
+
+
+def patch():
+    gen = module(GENERATOR)
+    original = gen.ModelConfig
+
+    def ModelConfig(*args, **kwargs):  # noqa: N802 (stands in for the class)
+        dtype = os.environ.get(ENV)
+        if dtype and kwargs.get("dtype", "auto") == "auto":
+            kwargs["dtype"] = dtype
+        return original(*args, **kwargs)
+
+    return replace_attr(gen, "ModelConfig", ModelConfig, NAME)
+
+
+SHIM = Shim(
+    name=NAME,
+    target=f"{GENERATOR}:ModelConfig",
+    vllm=">=0.11",
+    symptom="no error: a float32 checkpoint is extracted in bfloat16/float16 (vLLM's dtype='auto'), "
+    "about 1e-2 away from the model's float32 computation",
+    hook_module=GENERATOR,
+    probe=probe,
+    patch=patch,
+)

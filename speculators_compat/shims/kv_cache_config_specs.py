@@ -1,0 +1,38 @@
+"""vLLM >= 0.12: ``get_kv_cache_config_from_groups`` lost its ``kv_cache_specs`` argument.
+
+Probe: the function does not accept ``kv_cache_specs``. The shim drops the argument.
+"""
+
+from __future__ import annotations
+
+from ..registry import Shim, replace_attr
+from ._targets import GENERATOR, accepts, module
+
+NAME = "kv_cache_config_specs"
+
+
+def probe() -> bool:
+    return not accepts(module(GENERATOR).get_kv_cache_config_from_groups, "kv_cache_specs")
+
+
+def patch():
+    gen = module(GENERATOR)
+    original = gen.get_kv_cache_config_from_groups
+
+    def get_kv_cache_config_from_groups(*args, **kwargs):
+        kwargs.pop("kv_cache_specs", None)
+        return original(*args, **kwargs)
+
+    return replace_attr(gen, "get_kv_cache_config_from_groups", get_kv_cache_config_from_groups, NAME)
+
+
+SHIM = Shim(
+    name=NAME,
+    target=f"{GENERATOR}:get_kv_cache_config_from_groups",
+    vllm=">=0.12",
+    symptom="TypeError: get_kv_cache_config_from_groups() got an unexpected keyword argument "
+    "'kv_cache_specs'",
+    hook_module=GENERATOR,
+    probe=probe,
+    patch=patch,
+)

@@ -1,0 +1,40 @@
+"""vLLM >= 0.12: ``Scheduler(...)`` requires ``block_size``.
+
+Probe: ``block_size`` is a parameter of ``Scheduler.__init__`` without a default. The shim passes
+the cache config's block size, as vLLM's engine core does.
+"""
+
+from __future__ import annotations
+
+from ..registry import Shim, replace_attr
+from ._targets import GENERATOR, module, requires
+
+NAME = "scheduler_block_size"
+
+
+def probe() -> bool:
+    return requires(module(GENERATOR).Scheduler.__init__, "block_size")
+
+
+def patch():
+    gen = module(GENERATOR)
+    original = gen.Scheduler
+
+    def Scheduler(*args, **kwargs):  # noqa: N802 (stands in for the class)
+        if "block_size" not in kwargs:
+            vllm_config = kwargs.get("vllm_config") or args[0]
+            kwargs["block_size"] = vllm_config.cache_config.block_size
+        return original(*args, **kwargs)
+
+    return replace_attr(gen, "Scheduler", Scheduler, NAME)
+
+
+SHIM = Shim(
+    name=NAME,
+    target=f"{GENERATOR}:Scheduler",
+    vllm=">=0.12",
+    symptom="TypeError: Scheduler.__init__() missing 1 required positional argument: 'block_size'",
+    hook_module=GENERATOR,
+    probe=probe,
+    patch=patch,
+)
