@@ -100,7 +100,7 @@ class CaptureState:
                     f"that scheduled {total} tokens"
                 )
             rows = rows.to("cpu")
-            for req_id, part in zip(req_ids, torch.split(rows, counts)):
+            for req_id, part in zip(req_ids, torch.split(rows, counts), strict=True):
                 buf = self.requests.setdefault(req_id, [[] for _ in self.layer_ids])
                 buf[pos].append(part)
         self.begin_step()

@@ -69,7 +69,7 @@ def generate(self, token_ids):
     self._request_counter += 1
     width = len(str(len(sequences)))
     req_ids = [f"req_{batch}_{i:0{width}d}" for i in range(len(sequences))]
-    for req_id, ids in zip(req_ids, sequences):
+    for req_id, ids in zip(req_ids, sequences, strict=True):
         self.scheduler.add_request(
             gen.Request(
                 request_id=req_id,
@@ -103,7 +103,7 @@ def generate(self, token_ids):
     log.debug("%d sequences in %d scheduler steps", len(sequences), steps)
 
     results = []
-    for i, (req_id, ids) in enumerate(zip(req_ids, sequences)):
+    for i, (req_id, ids) in enumerate(zip(req_ids, sequences, strict=True)):
         layers = by_request.get(req_id)
         if layers is None or any(h.shape[0] != len(ids) for h in layers):
             got = None if layers is None else [h.shape[0] for h in layers]
