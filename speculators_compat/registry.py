@@ -137,6 +137,15 @@ def _apply(shim: Shim) -> Status:
             return _set(shim, "failed", f"probe raised {type(exc).__name__}: {exc}")
         if not needed:
             return _set(shim, "not needed", f"probe found no drift on vLLM {version}{untested}")
+        if shim.requires:
+            # Import what the required shims hook on, so that they are applied (and reported)
+            # in this process too, before this one builds on them.
+            import importlib
+
+            from .shims import BY_NAME
+
+            for name in shim.requires:
+                importlib.import_module(BY_NAME[name].hook_module)
         try:
             _undo[shim.name] = shim.patch()
         except Exception as exc:

@@ -6,7 +6,8 @@ reference comparison then differs by about 1e-2 instead of about 1e-6, and a use
 for float32 extraction at all. With ``SPECULATORS_COMPAT_DTYPE=float32`` (or ``bfloat16``,
 ``float16``) the shim passes that dtype instead; unset, nothing changes.
 
-Probe: the environment variable is set.
+Probe: speculators' ``_create_vllm_config`` hard-codes ``dtype="auto"``. (The variable is read
+at each call, so it may be set after import.)
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ ENV = "SPECULATORS_COMPAT_DTYPE"
 
 
 def probe() -> bool:
-    return bool(os.environ.get(ENV))
+    import inspect
+
+    source = inspect.getsource(module(GENERATOR).VllmHiddenStatesGenerator._create_vllm_config)
+    return 'dtype="auto"' in source
 
 
 def patch():
