@@ -38,7 +38,8 @@ def describe(exc: BaseException) -> str:
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     tb = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
-    notes = [n for n in getattr(exc, "__notes__", []) if n not in tb]
+    # vLLM adds the traceback as a note (Python 3.11+); keep only notes that say something else.
+    notes = [n for n in getattr(exc, "__notes__", []) if not n.startswith("Traceback") and n not in tb]
     return f"{MARKER} {name}: {exc}\n--- worker traceback ---\n{tb}{''.join(notes)}"
 
 

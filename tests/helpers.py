@@ -25,3 +25,31 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 60
     if not lines:
         raise AssertionError(f"no JSON line in output:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return json.loads(lines[-1])
+
+
+def run_generator(
+    model: str,
+    count: int,
+    disable: str = "",
+    chunked: bool = False,
+    worker_assert: bool = False,
+    timeout: float = 600,
+) -> dict:
+    """tests/shims/run_generator.py in a fresh process, with ``disable``d shims."""
+    from pathlib import Path
+
+    args = [sys.executable, "-m", "tests.shims.run_generator", model, str(count)]
+    if chunked:
+        args.append("--chunked")
+    if worker_assert:
+        args.append("--worker-assert")
+    env = {**os.environ, "SPECULATORS_COMPAT_DISABLE": disable}
+    proc = subprocess.run(
+        args, capture_output=True, text=True, env=env, timeout=timeout, cwd=Path(__file__).parents[1]
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith('{"ok"')]
+    if not lines:
+        raise AssertionError(
+            f"no result line ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return json.loads(lines[-1])

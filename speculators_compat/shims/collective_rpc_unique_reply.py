@@ -46,8 +46,8 @@ SHIM = Shim(
     name=NAME,
     target=f"{GENERATOR}:MultiprocExecutor.collective_rpc",
     vllm=">=0.12",
-    symptom="no error at the call: speculators' captured_states_list[0] is the first layer's "
-    "tensor; states come back with the wrong shape (one 'layer' per token row)",
+    symptom="RuntimeError: Boolean value of Tensor with more than one value is ambiguous "
+    "(speculators' captured_states_list[0] is the first layer's tensor, not the list of layers)",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -43,8 +43,9 @@ SHIM = Shim(
     name=NAME,
     target=f"{GENERATOR}:ModelConfig",
     vllm=">=0.11",
-    symptom="ValueError: Following weights were not initialized from checkpoint: {'vision_tower...'} "
-    "(a checkpoint without vision weights), or a vision tower built and profiled for nothing",
+    symptom="Exception: WorkerProc initialization failed due to an exception in a background "
+    "process (the vision tower's weights are missing from a text-only checkpoint); with them, a "
+    "vision tower built, loaded and profiled for nothing",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

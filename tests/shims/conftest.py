@@ -1,9 +1,10 @@
-"""Every shim test gets the shim record and whether this env's vLLM is in its claimed range."""
+"""Shared fixtures for the per-shim tests."""
 
 from __future__ import annotations
 
 import pytest
 
+import speculators_compat
 from speculators_compat.registry import in_range
 from speculators_compat.versions import installed_versions
 
@@ -16,3 +17,27 @@ def claimed():
         return in_range(installed_versions().vllm, shim.vllm)
 
     return check
+
+
+@pytest.fixture
+def original_code():
+    """Every shim undone for the test (probes then read vLLM's and speculators' own code)."""
+    speculators_compat.apply_now()
+    speculators_compat.unpatch()
+    yield
+    speculators_compat.apply_now()
+
+
+@pytest.fixture
+def state():
+    """state(shim) -> what the registry did with it in this process."""
+
+    def get(shim) -> str:
+        return {s.shim.name: s.state for s in speculators_compat.apply_now()}[shim.name]
+
+    return get
+
+
+def needs_claim(claimed, shim):
+    if not claimed(shim):
+        pytest.skip(f"vLLM {installed_versions().vllm} is outside {shim.name}'s range {shim.vllm}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import speculators_compat
 from speculators_compat.shims.cpu_moe_activation_config import SHIM
 from tests.helpers import run_python
 
@@ -24,14 +23,6 @@ _FORWARD = """
     except AssertionError as exc:
         print(json.dumps({"ok": False, "error": str(exc)}))
 """
-
-
-def test_probe_finds_the_drift_exactly_on_the_claimed_versions(claimed):
-    speculators_compat.unpatch()  # probe the original code
-    try:
-        assert SHIM.probe() == claimed(SHIM)
-    finally:
-        speculators_compat.activate()
 
 
 def test_unpatched_first_use_fails_with_the_symptom_and_patched_works(claimed):

@@ -1,0 +1,18 @@
+"""cache_config_prefix_caching: hand-built requests with prefix caching on."""
+
+from __future__ import annotations
+
+from speculators_compat.reference import TOLERANCE
+from speculators_compat.shims.cache_config_prefix_caching import SHIM
+from tests.helpers import run_generator
+from tests.shims.conftest import needs_claim
+
+
+def test_without_it_a_bare_assert_or_states_missing_for_shared_prefixes(claimed):
+    needs_claim(claimed, SHIM)
+    result = run_generator("llama-tiny", 6, disable=SHIM.name)
+    if result["ok"]:  # no assert on this vLLM: the shared chat-template prefix was never computed
+        assert any(isinstance(e, str) or e > TOLERANCE["float32"] for e in result["errors"])
+    else:
+        assert result["type"] == "AssertionError" and result["message"] == ""
+        assert "block_hashes" in result["traceback"] or "assert" in result["traceback"]

@@ -1,0 +1,24 @@
+"""For every shim: its probe finds the drift exactly on the vLLM versions it names, and the
+registry applies it there and nowhere else."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speculators_compat.shims import SHIMS
+
+
+def _platform_ok(shim) -> bool:
+    return shim.platform != "cpu" or not torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("shim", SHIMS, ids=lambda s: s.name)
+def test_probe_agrees_with_the_claimed_range(shim, claimed, original_code):
+    assert shim.probe() == claimed(shim)
+
+
+@pytest.mark.parametrize("shim", SHIMS, ids=lambda s: s.name)
+def test_applied_exactly_where_claimed(shim, claimed, state):
+    expected = "applied" if claimed(shim) and _platform_ok(shim) else "not needed"
+    assert state(shim) == expected

@@ -1,0 +1,17 @@
+"""executor_sample_tokens: speculators' execute_model loop on vLLM >= 0.12."""
+
+from __future__ import annotations
+
+from speculators_compat.shims.executor_sample_tokens import SHIM
+from tests.helpers import run_generator
+from tests.shims.conftest import needs_claim
+
+
+def test_without_it_speculators_loop_hits_the_worker_state_error(claimed):
+    needs_claim(claimed, SHIM)
+    # token_attribution off too: speculators 0.3.0's own generate() loop, as users run it, over
+    # more tokens than one step takes (the second execute_model is the one that fails)
+    result = run_generator("llama-tiny", 40, disable=f"token_attribution,{SHIM.name}", chunked=True)
+    assert not result["ok"]
+    assert "sample_tokens() must be called after execute_model() returns None" in result["message"]
+    assert "sample_tokens() must be called after execute_model() returns None" in SHIM.symptom

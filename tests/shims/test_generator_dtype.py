@@ -1,0 +1,15 @@
+"""generator_dtype: SPECULATORS_COMPAT_DTYPE instead of vLLM's dtype='auto'."""
+
+from __future__ import annotations
+
+from speculators_compat.reference import TOLERANCE
+from speculators_compat.shims.generator_dtype import SHIM
+from tests.helpers import run_generator
+
+
+def test_without_it_a_float32_checkpoint_is_extracted_in_half_precision():
+    without = run_generator("llama-tiny", 2, disable=SHIM.name)
+    with_it = run_generator("llama-tiny", 2)
+    assert without["ok"] and with_it["ok"]
+    assert min(without["errors"]) > TOLERANCE["float32"]  # bf16 rounding, ~1e-2
+    assert max(with_it["errors"]) <= TOLERANCE["float32"]
