@@ -6,7 +6,7 @@
 | cpu_moe_activation_config | 0.14, CPU | "Current vLLM config is not set" in float32 MoE forward |
 | generator_executor | all | (isolation) the generator gets a MultiprocExecutor of its own |
 | scheduler_config_encoder_decoder | >=0.12 | SchedulerConfig "is_encoder_decoder Field required" |
-| cache_config_prefix_caching | all | block_hashes assert / prefix-cached tokens never computed |
+| cache_config_prefix_caching | >=0.12 | block_hashes assert / prefix-cached tokens never computed |
 | kv_cache_config_specs | >=0.12 | unexpected keyword argument 'kv_cache_specs' |
 | scheduler_block_size | >=0.12 | Scheduler missing 'block_size' |
 | executor_sample_tokens | >=0.12 | execute_model returns None; sample_tokens must follow |

@@ -7,7 +7,8 @@ with fewer states than tokens. Requests built by hand, as speculators 0.3.0 buil
 have no block hasher, and the KV-cache manager asserts on ``request.block_hashes``. The shim
 creates speculators' ``CacheConfig`` with ``enable_prefix_caching=False``.
 
-Probe: a default ``CacheConfig`` does not switch prefix caching off.
+Probe: a default ``CacheConfig`` turns prefix caching on (vLLM >= 0.12: ``True``; 0.11 left it
+``None``, which the hand-built engine treats as off).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ NAME = "cache_config_prefix_caching"
 
 def probe() -> bool:
     cfg = module(GENERATOR).CacheConfig(block_size=16)
-    return getattr(cfg, "enable_prefix_caching", None) is not False
+    return bool(getattr(cfg, "enable_prefix_caching", None))
 
 
 def patch():
@@ -37,7 +38,7 @@ def patch():
 SHIM = Shim(
     name=NAME,
     target=f"{GENERATOR}:CacheConfig",
-    vllm=">=0.11",
+    vllm=">=0.12",
     symptom="AssertionError (bare) on request.block_hashes in the KV-cache manager; or, where it "
     "does not assert, sequences sharing a prefix get fewer hidden states than tokens",
     hook_module=GENERATOR,
