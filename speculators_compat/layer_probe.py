@@ -53,6 +53,7 @@ class VllmLayerProbe:
             # kernel these CPU builds lack ("Unsupported CPU attention configuration").
             block_size=16,
             seed=0,
+            trust_remote_code=True,  # local fixtures; Kimi-K2.5 ships its tokenizer as remote code
         )
         kwargs.update(engine_kwargs)
         self.llm = LLM(**kwargs)

@@ -33,6 +33,7 @@ def run_generator(
     disable: str = "",
     chunked: bool = False,
     worker_assert: bool = False,
+    tensor_parallel: int = 1,
     timeout: float = 600,
 ) -> dict:
     """tests/shims/run_generator.py in a fresh process, with ``disable``d shims."""
@@ -44,6 +45,11 @@ def run_generator(
     if worker_assert:
         args.append("--worker-assert")
     env = {**os.environ, "SPECULATORS_COMPAT_DISABLE": disable}
+    if tensor_parallel > 1:
+        args += ["--tp", str(tensor_parallel)]
+        # vLLM's CPU workers bind OpenMP threads per NUMA node by default and refuse a second
+        # worker on a single-node machine; one core per worker instead.
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(tensor_parallel)))
     proc = subprocess.run(
         args, capture_output=True, text=True, env=env, timeout=timeout, cwd=Path(__file__).parents[1]
     )

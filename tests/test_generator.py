@@ -121,3 +121,15 @@ def test_status_reports_the_shims_this_vllm_needed(generator):
     assert states["token_attribution"] == "applied"
     assert states["hidden_states_capture"] == "applied"
     assert "pending" not in {states[n] for n in ("generator_executor", "token_attribution")}
+
+
+def test_tensor_parallel_2_on_cpu_matches_the_oracle():
+    """Two CPU workers (one core each): capture on rank 0, every sequence still its own."""
+    from tests.helpers import run_generator
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("tensor parallel 2 needs two cores")
+    result = run_generator("deepseek-v3-tiny", 40, chunked=True, tensor_parallel=2)
+    assert result["ok"], result.get("message")
+    assert result["n_results"] == 40
+    assert max(result["errors"]) <= TOLERANCE["float32"]

@@ -18,7 +18,7 @@ def test_every_shim_names_target_range_symptom_and_test(shim):
     from pathlib import Path
 
     assert re.fullmatch(r"[a-z0-9_]+", shim.name)
-    assert re.match(r"[a-z_.]+:[A-Za-z_.]+", shim.target)
+    assert re.match(r"[a-z0-9_.]+:[A-Za-z_.]+", shim.target)
     SpecifierSet(shim.vllm)  # parses
     SpecifierSet(shim.speculators)
     assert len(shim.symptom) > 20
@@ -100,3 +100,37 @@ def test_unsupported_speculators_version_applies_nothing():
     )
     assert {state for state, _ in result.values()} == {"skipped"}
     assert all("speculators 0.4.0 (supported: ==0.3.*)" in reason for _, reason in result.values())
+
+
+def test_importing_speculators_first_then_the_package_applies_the_shims():
+    result = run_python(
+        """
+        import json
+        import speculators.data_generation.vllm_hidden_states_generator as gen
+        original = gen.VllmHiddenStatesGenerator.generate
+        import speculators_compat
+        print(json.dumps({"replaced": gen.VllmHiddenStatesGenerator.generate is not original,
+                          "state": {s.shim.name: s.state for s in speculators_compat.status()}}))
+        """
+    )
+    assert result["replaced"]
+    assert result["state"]["token_attribution"] == "applied"
+
+
+def test_status_command_prints_the_registry_state():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "speculators_compat", "status"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    expected = run_python(
+        """
+        import json, speculators_compat
+        print(json.dumps({r.shim.name: r.state for r in speculators_compat.apply_now()}))
+        """
+    )
+    rows = {line.split()[0]: line.split()[1:3] for line in proc.stdout.splitlines() if line.split()}
+    for name, state in expected.items():
+        assert " ".join(rows[name])[: len(state)] == state, (name, rows.get(name))

@@ -12,6 +12,7 @@
 | executor_sample_tokens | >=0.12 | execute_model returns None; sample_tokens must follow |
 | collective_rpc_unique_reply | >=0.12 | collective_rpc(unique_reply_rank=0) no longer a list: [0] misreads |
 | worker_error_types | all | worker errors re-raised with their type and traceback |
+| tokenizer_remote_code | all | Kimi-K2.5's remote-code tokenizer loaded without trust_remote_code |
 | generator_cpu_memory | all, CPU | torch.cuda.mem_get_info on a machine without CUDA |
 | generator_dtype | all | SPECULATORS_COMPAT_DTYPE instead of dtype='auto' (float32 extraction) |
 | multimodal_text_only | all | Kimi-K2.5: vision tower built and loaded for text-only extraction |
@@ -41,6 +42,7 @@ from . import (
     scheduler_block_size,
     scheduler_config_encoder_decoder,
     token_attribution,
+    tokenizer_remote_code,
     worker_error_details,
     worker_error_types,
 )
@@ -56,6 +58,7 @@ SHIMS: list[Shim] = [
     executor_sample_tokens.SHIM,
     collective_rpc_unique_reply.SHIM,
     worker_error_types.SHIM,
+    tokenizer_remote_code.SHIM,
     generator_cpu_memory.SHIM,
     generator_dtype.SHIM,
     multimodal_text_only.SHIM,

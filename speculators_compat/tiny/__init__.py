@@ -225,7 +225,7 @@ def sample_token_ids(model_dir: Path, n: int, start: int = 0) -> list[list[int]]
     """Token ids of ``n`` embedded conversations, formatted with the checkpoint's chat template."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=True)
     out = []
     for row in load_chat()[start : start + n]:
         messages = [{"role": _ROLES[turn["from"]], "content": turn["value"]} for turn in row["conversations"]]

@@ -86,6 +86,28 @@ class KimiK25TinyImageProcessor(BaseImageProcessor):
 '''
 
 
+# Kimi-K2.5's tokenizer is remote code too (tokenization_kimi.py, auto_map in
+# tokenizer_config.json), so loading it without trust_remote_code fails, as it does for the
+# real checkpoint. This subclass adds nothing but that property.
+_TOKENIZER_PY = '''"""Tokenizer of the tiny Kimi-K2.5-shaped fixture (remote code, via auto_map)."""
+
+from transformers import PreTrainedTokenizerFast
+
+
+class KimiTinyTokenizer(PreTrainedTokenizerFast):
+    pass
+'''
+
+
+def _make_tokenizer_remote_code(out: Path) -> None:
+    (out / "tokenization_kimi_tiny.py").write_text(_TOKENIZER_PY)
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "KimiTinyTokenizer"
+    config["auto_map"] = {"AutoTokenizer": ["tokenization_kimi_tiny.KimiTinyTokenizer", None]}
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def build_kimi_k25(recipe: dict, base: dict, dtype: str, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
@@ -128,4 +150,5 @@ def build_kimi_k25(recipe: dict, base: dict, dtype: str, out: Path) -> None:
     }
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2) + "\n")
     tokenizer.save_pretrained(str(out))
+    _make_tokenizer_remote_code(out)
     save_generation_config(text, out)

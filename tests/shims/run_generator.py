@@ -3,7 +3,7 @@
 Used by the per-shim tests, each in a fresh process with one shim disabled
 (``SPECULATORS_COMPAT_DISABLE``), to show the symptom that shim fixes.
 
-    python -m tests.shims.run_generator MODEL N_SEQUENCES [--chunked]
+    python -m tests.shims.run_generator MODEL N_SEQUENCES [--chunked] [--worker-assert] [--tp N]
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ def main() -> None:
     layer_ids = [1, 3, 5]
     out: dict = {}
     try:
-        gen = gen_module.VllmHiddenStatesGenerator(str(path), layer_ids=layer_ids, max_model_len=512)
+        tp = int(sys.argv[sys.argv.index("--tp") + 1]) if "--tp" in sys.argv else 1
+        gen = gen_module.VllmHiddenStatesGenerator(
+            str(path), layer_ids=layer_ids, max_model_len=512, tensor_parallel_size=tp
+        )
         if "--worker-assert" in sys.argv:
 
             def bare_assert(worker):
