@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 
 GENERATOR = "speculators.data_generation.vllm_hidden_states_generator"
 WORKER = "speculators.data_generation.custom_worker"
@@ -43,3 +44,19 @@ def inherited(cls, name: str):
         if name in vars(klass):
             return vars(klass)[name]
     raise AttributeError(f"{cls.__name__} has no {name}")
+
+
+def rewrite_call(attr: str, shim: str, rewrite: Callable[[tuple, dict], None]):
+    """Bind the generator module's ``attr`` to a callable that lets ``rewrite(args, kwargs)``
+    adjust the keyword arguments of each call, then calls the original. Returns the undo."""
+    from ..registry import replace_attr
+
+    gen = module(GENERATOR)
+    original = getattr(gen, attr)
+
+    def call(*args, **kwargs):
+        rewrite(args, kwargs)
+        return original(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = attr
+    return replace_attr(gen, attr, call, shim)

@@ -13,8 +13,8 @@ Probe: a default ``CacheConfig`` turns prefix caching on (vLLM >= 0.12: ``True``
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
-from ._targets import GENERATOR, module
+from ..registry import Shim
+from ._targets import GENERATOR, module, rewrite_call
 
 NAME = "cache_config_prefix_caching"
 
@@ -25,14 +25,7 @@ def probe() -> bool:
 
 
 def patch():
-    gen = module(GENERATOR)
-    original = gen.CacheConfig
-
-    def CacheConfig(*args, **kwargs):  # noqa: N802 (stands in for the class)
-        kwargs.setdefault("enable_prefix_caching", False)
-        return original(*args, **kwargs)
-
-    return replace_attr(gen, "CacheConfig", CacheConfig, NAME)
+    return rewrite_call("CacheConfig", NAME, lambda _args, kw: kw.setdefault("enable_prefix_caching", False))
 
 
 SHIM = Shim(

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-from ..registry import Shim, replace_attr
-from ._targets import GENERATOR, module
+from ..registry import Shim
+from ._targets import GENERATOR, module, rewrite_call
 
 NAME = "generator_dtype"
 ENV = "SPECULATORS_COMPAT_DTYPE"
@@ -28,17 +28,14 @@ def probe() -> bool:
     return 'dtype="auto"' in source
 
 
+def _choose_dtype(_args: tuple, kwargs: dict) -> None:
+    dtype = os.environ.get(ENV)
+    if dtype and kwargs.get("dtype", "auto") == "auto":
+        kwargs["dtype"] = dtype
+
+
 def patch():
-    gen = module(GENERATOR)
-    original = gen.ModelConfig
-
-    def ModelConfig(*args, **kwargs):  # noqa: N802 (stands in for the class)
-        dtype = os.environ.get(ENV)
-        if dtype and kwargs.get("dtype", "auto") == "auto":
-            kwargs["dtype"] = dtype
-        return original(*args, **kwargs)
-
-    return replace_attr(gen, "ModelConfig", ModelConfig, NAME)
+    return rewrite_call("ModelConfig", NAME, _choose_dtype)
 
 
 SHIM = Shim(

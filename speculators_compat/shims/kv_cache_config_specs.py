@@ -5,8 +5,8 @@ Probe: the function does not accept ``kv_cache_specs``. The shim drops the argum
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
-from ._targets import GENERATOR, accepts, module
+from ..registry import Shim
+from ._targets import GENERATOR, accepts, module, rewrite_call
 
 NAME = "kv_cache_config_specs"
 
@@ -16,14 +16,9 @@ def probe() -> bool:
 
 
 def patch():
-    gen = module(GENERATOR)
-    original = gen.get_kv_cache_config_from_groups
-
-    def get_kv_cache_config_from_groups(*args, **kwargs):
-        kwargs.pop("kv_cache_specs", None)
-        return original(*args, **kwargs)
-
-    return replace_attr(gen, "get_kv_cache_config_from_groups", get_kv_cache_config_from_groups, NAME)
+    return rewrite_call(
+        "get_kv_cache_config_from_groups", NAME, lambda _args, kw: kw.pop("kv_cache_specs", None)
+    )
 
 
 SHIM = Shim(

@@ -6,8 +6,8 @@ the cache config's block size, as vLLM's engine core does.
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
-from ._targets import GENERATOR, module, requires
+from ..registry import Shim
+from ._targets import GENERATOR, module, requires, rewrite_call
 
 NAME = "scheduler_block_size"
 
@@ -16,17 +16,14 @@ def probe() -> bool:
     return requires(module(GENERATOR).Scheduler.__init__, "block_size")
 
 
+def _add_block_size(args: tuple, kwargs: dict) -> None:
+    if "block_size" not in kwargs:
+        vllm_config = kwargs.get("vllm_config") or args[0]
+        kwargs["block_size"] = vllm_config.cache_config.block_size
+
+
 def patch():
-    gen = module(GENERATOR)
-    original = gen.Scheduler
-
-    def Scheduler(*args, **kwargs):  # noqa: N802 (stands in for the class)
-        if "block_size" not in kwargs:
-            vllm_config = kwargs.get("vllm_config") or args[0]
-            kwargs["block_size"] = vllm_config.cache_config.block_size
-        return original(*args, **kwargs)
-
-    return replace_attr(gen, "Scheduler", Scheduler, NAME)
+    return rewrite_call("Scheduler", NAME, _add_block_size)
 
 
 SHIM = Shim(

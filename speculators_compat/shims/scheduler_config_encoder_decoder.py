@@ -10,8 +10,8 @@ Probe: ``is_encoder_decoder`` is a parameter of ``SchedulerConfig`` without a de
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
-from ._targets import GENERATOR, module, requires
+from ..registry import Shim
+from ._targets import GENERATOR, module, requires, rewrite_call
 
 NAME = "scheduler_config_encoder_decoder"
 
@@ -21,14 +21,7 @@ def probe() -> bool:
 
 
 def patch():
-    gen = module(GENERATOR)
-    original = gen.SchedulerConfig
-
-    def SchedulerConfig(*args, **kwargs):  # noqa: N802 (stands in for the class)
-        kwargs.setdefault("is_encoder_decoder", False)
-        return original(*args, **kwargs)
-
-    return replace_attr(gen, "SchedulerConfig", SchedulerConfig, NAME)
+    return rewrite_call("SchedulerConfig", NAME, lambda _args, kw: kw.setdefault("is_encoder_decoder", False))
 
 
 SHIM = Shim(
