@@ -82,24 +82,30 @@ def test_disable_env_leaves_a_shim_out():
     assert "SPECULATORS_COMPAT_DISABLE" in result["cpu_rms_norm_strided"][1]
 
 
-def test_unsupported_speculators_version_applies_nothing():
+@pytest.mark.parametrize(
+    ("field", "fake", "expected"),
+    [
+        ("speculators", "0.4.0", "speculators 0.4.0 (supported: ==0.3.*)"),
+        ("vllm", "0.10.2", "vLLM 0.10.2 (supported: >=0.11)"),
+    ],
+)
+def test_unsupported_versions_apply_nothing_and_say_why(field, fake, expected):
     result = run_python(
-        """
+        f"""
         import json
+        from dataclasses import replace
         from packaging.version import Version
         import speculators_compat.versions as v
-        real = v.installed_versions()
-        v.installed_versions.cache_clear()
-        fake = v.Versions(real.vllm, Version("0.4.0"), real.torch, real.transformers)
+        fake = replace(v.installed_versions(), {field}=Version("{fake}"))
         v.installed_versions = lambda: fake
         import speculators_compat
         rows = speculators_compat.apply_now()
-        print(json.dumps({r.shim.name: [r.state, r.reason] for r in rows}))
+        print(json.dumps({{r.shim.name: [r.state, r.reason] for r in rows}}))
         """,
         env={"SPECULATORS_COMPAT_AUTO": "0"},
     )
     assert {state for state, _ in result.values()} == {"skipped"}
-    assert all("speculators 0.4.0 (supported: ==0.3.*)" in reason for _, reason in result.values())
+    assert all(expected in reason for _, reason in result.values())
 
 
 def test_importing_speculators_first_then_the_package_applies_the_shims():
