@@ -140,3 +140,11 @@ def test_status_command_prints_the_registry_state():
     rows = {line.split()[0]: line.split()[1:3] for line in proc.stdout.splitlines() if line.split()}
     for name, state in expected.items():
         assert " ".join(rows[name])[: len(state)] == state, (name, rows.get(name))
+
+
+def test_readme_table_lists_every_shim():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for shim in SHIMS:
+        assert f"| `{shim.name}` |" in readme, f"README's shim table lacks {shim.name}"
