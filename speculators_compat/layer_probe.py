@@ -32,6 +32,13 @@ def cpu_engine_env() -> dict[str, str]:
     return {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
+def _is_multimodal_wrapper(model_dir: Path) -> bool:
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text())
+    return "vision_config" in config
+
+
 class VllmLayerProbe:
     """A vLLM ``LLM`` on a local checkpoint with forward hooks on every decoder layer."""
 
@@ -55,6 +62,11 @@ class VllmLayerProbe:
             seed=0,
             trust_remote_code=True,  # local fixtures; Kimi-K2.5 ships its tokenizer as remote code
         )
+        if _is_multimodal_wrapper(Path(model_dir)):
+            # text only: every media input limited to 0, so vLLM skips the vision tower
+            from .shims.multimodal_text_only import _MODALITIES
+
+            kwargs["limit_mm_per_prompt"] = {m: 0 for m in _MODALITIES}
         kwargs.update(engine_kwargs)
         self.llm = LLM(**kwargs)
         self._captured: list[torch.Tensor] = []

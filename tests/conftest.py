@@ -17,9 +17,9 @@ ENGINE_MODELS = [
     ("deepseek-v3-tiny", "float32", {}),
     ("deepseek-v3-tiny", "bfloat16", {}),
     ("llama-tiny", "float32", {}),
-    # Text-only: every media input limited to 0, so vLLM skips the vision tower (which the
+    # VllmLayerProbe runs wrappers text-only (vLLM then skips the vision tower, which the
     # fixture has no weights for, as extraction never needs it).
-    ("kimi-k25-tiny", "float32", {"limit_mm_per_prompt": {"vision_chunk": 0}}),
+    ("kimi-k25-tiny", "float32", {}),
 ]
 
 
