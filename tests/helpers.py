@@ -34,6 +34,7 @@ def run_generator(
     chunked: bool = False,
     worker_assert: bool = False,
     tensor_parallel: int = 1,
+    env: dict[str, str] | None = None,
     timeout: float = 600,
 ) -> dict:
     """tests/shims/run_generator.py in a fresh process, with ``disable``d shims."""
@@ -44,7 +45,7 @@ def run_generator(
         args.append("--chunked")
     if worker_assert:
         args.append("--worker-assert")
-    env = {**os.environ, "SPECULATORS_COMPAT_DISABLE": disable}
+    env = {**os.environ, "SPECULATORS_COMPAT_DISABLE": disable, **(env or {})}
     if tensor_parallel > 1:
         args += ["--tp", str(tensor_parallel)]
         # vLLM's CPU workers bind OpenMP threads per NUMA node by default and refuse a second
