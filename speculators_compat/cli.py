@@ -114,7 +114,6 @@ def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
     generation), then speculators 0.3.0's own generator with the shims in force. Exits non-zero
     when any state differs from the transformers reference by more than the dtype's tolerance.
     """
-    import gc
     import os
 
     from .cpu_alias import ensure_vllm_cpu_alias
@@ -150,8 +149,7 @@ def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
             "vllm     ", i, ids, [relative_error(got[k], expected[k]) for k in range(reference.num_layers)]
         )
     click.echo(f"generate   {probe.generate(sequences[-1], 8)}")
-    del probe
-    gc.collect()
+    probe.close()
 
     if generator:
         os.environ.setdefault("SPECULATORS_COMPAT_DTYPE", dtype)

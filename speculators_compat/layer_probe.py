@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .capture import find_decoder_layers, layer_output
+from .reference import is_multimodal_wrapper
 
 __all__ = ["VllmLayerProbe", "cpu_engine_env"]
 
@@ -30,13 +31,6 @@ def cpu_engine_env() -> dict[str, str]:
     if torch.cuda.is_available():
         return {}
     return {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-
-
-def _is_multimodal_wrapper(model_dir: Path) -> bool:
-    import json
-
-    config = json.loads((model_dir / "config.json").read_text())
-    return "vision_config" in config
 
 
 class VllmLayerProbe:
@@ -62,7 +56,7 @@ class VllmLayerProbe:
             seed=0,
             trust_remote_code=True,  # local fixtures; Kimi-K2.5 ships its tokenizer as remote code
         )
-        if _is_multimodal_wrapper(Path(model_dir)):
+        if is_multimodal_wrapper(model_dir):
             # text only: every media input limited to 0, so vLLM skips the vision tower
             from .shims.multimodal_text_only import _MODALITIES
 
@@ -102,6 +96,22 @@ class VllmLayerProbe:
         if out.shape[1] != len(token_ids):
             raise RuntimeError(f"captured {out.shape[1]} token states for a {len(token_ids)}-token prompt")
         return out
+
+    def close(self) -> None:
+        """Shut the engine down and reset vLLM's process-wide parallel state, so that the next
+        engine in this process starts clean (an MoE model after a dense one needs its
+        expert-parallel group created anew)."""
+        import gc
+
+        from vllm.distributed.parallel_state import (
+            destroy_distributed_environment,
+            destroy_model_parallel,
+        )
+
+        self.llm = None
+        gc.collect()
+        destroy_model_parallel()
+        destroy_distributed_environment()
 
     def generate(self, token_ids: list[int], max_tokens: int = 4) -> list[int]:
         """Greedy continuation of one prompt."""

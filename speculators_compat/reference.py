@@ -37,6 +37,11 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).abs().max() / scale)
 
 
+def is_multimodal_wrapper(model_dir: str | Path) -> bool:
+    """A checkpoint whose text model sits under a wrapper (``text_config`` in its config)."""
+    return "text_config" in json.loads((Path(model_dir) / "config.json").read_text())
+
+
 class ReferenceModel:
     """A checkpoint loaded in transformers (float32, CPU) that returns per-layer outputs."""
 
@@ -44,8 +49,8 @@ class ReferenceModel:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.model_dir = Path(model_dir)
-        raw = json.loads((self.model_dir / "config.json").read_text())
-        if "text_config" in raw:
+        if is_multimodal_wrapper(self.model_dir):
+            raw = json.loads((self.model_dir / "config.json").read_text())
             self.model = _load_text_model_of_wrapper(self.model_dir, raw)
         else:
             config = AutoConfig.from_pretrained(self.model_dir)

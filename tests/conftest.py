@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 
 import pytest
@@ -84,8 +83,7 @@ def engine(request, built):
     probe.recipe, probe.dtype, probe.path = name, dtype, path
     probe.reference = ReferenceModel(path)
     yield probe
-    del probe.llm
-    gc.collect()
+    probe.close()
 
 
 def pytest_report_header(config):
