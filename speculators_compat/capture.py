@@ -49,9 +49,10 @@ def layer_output(output) -> torch.Tensor:
 class CaptureState:
     """Hooks on the chosen layers, per-step rows, and per-request buffers (on CPU)."""
 
-    def __init__(self, model: torch.nn.Module, layer_ids, enabled: bool = True):
+    def __init__(self, model: torch.nn.Module, layer_ids=None, enabled: bool = True):
+        """Hook ``layer_ids`` (every decoder layer when None) of ``model``."""
         layers = find_decoder_layers(model)
-        ids = sorted(set(int(i) for i in layer_ids))
+        ids = sorted(set(int(i) for i in layer_ids)) if layer_ids is not None else list(range(len(layers)))
         bad = [i for i in ids if not 0 <= i < len(layers)]
         if bad:
             raise ValueError(

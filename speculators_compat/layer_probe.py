@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .capture import find_decoder_layers, layer_output
+from .capture import CaptureState
 from .reference import is_multimodal_wrapper
 
 __all__ = ["VllmLayerProbe", "cpu_engine_env"]
@@ -63,36 +63,26 @@ class VllmLayerProbe:
             kwargs["limit_mm_per_prompt"] = {m: 0 for m in _MODALITIES}
         kwargs.update(engine_kwargs)
         self.llm = LLM(**kwargs)
-        self._captured: list[torch.Tensor] = []
+        self._capture: CaptureState | None = None
         self.num_layers = self.llm.apply_model(self._install_hooks)[0]
 
     def _install_hooks(self, model: torch.nn.Module) -> int:
-        layers = find_decoder_layers(model)
-        captured = self._captured
-
-        def hook(_module, _args, output):
-            captured.append(layer_output(output).detach().float().cpu().clone())
-
-        for layer in layers:
-            layer.register_forward_hook(hook)
-        return len(layers)
+        self._capture = CaptureState(model)  # every decoder layer
+        return len(self._capture.layer_ids)
 
     def _prefill(self, token_ids: list[int], max_tokens: int):
         from vllm import SamplingParams
 
-        self._captured.clear()
+        self._capture.begin_step()
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         return self.llm.generate([{"prompt_token_ids": list(token_ids)}], params, use_tqdm=False)[0]
 
     def layer_outputs(self, token_ids: list[int]) -> torch.Tensor:
         """Every decoder layer's output for one prompt: [num_layers, seq_len, hidden]."""
         self._prefill(token_ids, max_tokens=1)
-        per_layer: list[list[torch.Tensor]] = [[] for _ in range(self.num_layers)]
-        # Hooks fire layer by layer for every forward pass; a long prompt may take several
-        # (chunked prefill), each covering the next slice of its tokens.
-        for i, t in enumerate(self._captured):
-            per_layer[i % self.num_layers].append(t)
-        out = torch.stack([torch.cat(chunks) for chunks in per_layer])
+        # One prompt alone: each layer's rows over the prefill's forward passes (several when
+        # the prefill is chunked) are exactly its tokens, in order.
+        out = torch.stack([torch.cat(rows) for rows in self._capture.step]).float().cpu()
         if out.shape[1] != len(token_ids):
             raise RuntimeError(f"captured {out.shape[1]} token states for a {len(token_ids)}-token prompt")
         return out

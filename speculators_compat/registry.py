@@ -119,7 +119,8 @@ def _apply(shim: Shim) -> Status:
         gate = _check_versions()
         if gate:
             return _set(shim, "skipped", gate)
-        if shim.name in _disabled() or "all" in _disabled():
+        disabled = _disabled()
+        if shim.name in disabled or "all" in disabled:
             return _set(shim, "disabled", f"listed in ${DISABLE_ENV}")
         if not _platform_matches(shim):
             return _set(shim, "not needed", f"applies to the {shim.platform} backend only")
