@@ -19,6 +19,10 @@
 | token_attribution | all | states on the wrong sequence (chunked prefill, >32 seqs, reordering) |
 | hidden_states_capture | all | supports_eagle3 gate, embed_input_ids, llama_4_scaling, wrappers |
 | worker_error_details | all | RuntimeError: Worker failed with error '' |
+| draft_verifier_wrapper | all (speculators) | draft cannot read a wrapped verifier (Kimi-K2.5): custom code, language_model. |
+| training_target_final_norm | all (speculators) | targets = lm_head(last layer) without the verifier's final norm |
+| draft_eager_on_cpu | all, CPU | InductorError: IndexError: tuple index out of range (training on CPU) |
+| checkpointer_cpu | all, CPU | resuming training on CPU: checkpoint loaded onto cuda:0 |
 
 Each module defines ``SHIM`` (a :class:`~speculators_compat.registry.Shim`); its test lives in
 ``tests/shims/test_<name>.py``.
@@ -31,7 +35,10 @@ from . import (
     cache_config_prefix_caching,
     collective_rpc_unique_reply,
     cpu_moe_activation_config,
+    checkpointer_cpu,
     cpu_rms_norm_strided,
+    draft_eager_on_cpu,
+    draft_verifier_wrapper,
     executor_sample_tokens,
     generator_cpu_memory,
     generator_dtype,
@@ -43,6 +50,7 @@ from . import (
     scheduler_config_encoder_decoder,
     token_attribution,
     tokenizer_remote_code,
+    training_target_final_norm,
     worker_error_details,
     worker_error_types,
 )
@@ -65,6 +73,10 @@ SHIMS: list[Shim] = [
     token_attribution.SHIM,
     hidden_states_capture.SHIM,
     worker_error_details.SHIM,
+    draft_verifier_wrapper.SHIM,
+    training_target_final_norm.SHIM,
+    draft_eager_on_cpu.SHIM,
+    checkpointer_cpu.SHIM,
 ]
 
 BY_NAME: dict[str, Shim] = {s.name: s for s in SHIMS}

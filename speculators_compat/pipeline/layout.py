@@ -1,0 +1,112 @@
+"""The run folder: where each stage writes, and ``run.json``, which says whose run it is.
+
+    RUN/
+      run.json              settings of the run and which stages are complete
+      prepared/             token ids and loss masks (a ``datasets`` dataset on disk)
+      token_freq.pt         token frequencies of the assistant tokens (speculators' format)
+      hidden_states/        data_{i}.pt + data_config.json (speculators 0.3.0's format)
+      vocab/                d2t.npy, t2d.npy
+      checkpoints/<epoch>/  the draft (speculators' checkpointer; loads with from_pretrained)
+      train_metrics.jsonl   one line per training step
+
+``token_freq.pt`` sits beside ``hidden_states/``, not in it: speculators' loader reads every file
+ending in ``pt`` under the data folder as a sample.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from .atomic import write_json
+from .errors import PipelineError
+
+STAGES = ("prepare", "extract", "vocab", "train")
+#: Settings that define a run: a folder holding other values holds a different run.
+IDENTITY = ("model", "data", "seq_length", "max_samples", "seed", "layer_ids", "draft_vocab_size")
+
+
+class RunFolder:
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser().resolve()
+        self.manifest = self.root / "run.json"
+        self.prepared = self.root / "prepared"
+        self.token_freq = self.root / "token_freq.pt"
+        self.hidden_states = self.root / "hidden_states"
+        self.vocab = self.root / "vocab"
+        self.checkpoints = self.root / "checkpoints"
+        self.metrics = self.root / "train_metrics.jsonl"
+
+    # -- manifest ---------------------------------------------------------------------
+    def read(self) -> dict:
+        if not self.manifest.is_file():
+            return {"settings": {}, "stages": {}}
+        try:
+            return json.loads(self.manifest.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise PipelineError(
+                f"{self.manifest} is unreadable ({exc}); this folder's run cannot be continued. "
+                "Choose a new --out folder."
+            ) from None
+
+    def settings(self) -> dict:
+        return self.read()["settings"]
+
+    def claim(self, settings: dict, *, resume: bool = False, overwrite: bool = False) -> dict:
+        """Make this folder hold the run with ``settings``; returns the settings in force.
+
+        A folder holding a different run is refused unless ``resume`` (keep its settings and
+        continue it) or ``overwrite`` (delete its outputs and start this run)."""
+        settings = {k: v for k, v in settings.items() if v is not None}
+        state = self.read()
+        if not self.manifest.is_file() and self.root.is_dir() and any(self.root.iterdir()):
+            raise PipelineError(
+                f"{self.root} is not empty and holds no speculators-compat run (no run.json); "
+                "nothing there is touched. Choose an empty or new --out folder."
+            )
+        old = state["settings"]
+        differs = {k: (old[k], settings[k]) for k in IDENTITY if k in old and k in settings and old[k] != settings[k]}
+        if differs and overwrite:
+            self.clear()
+            state = {"settings": {}, "stages": {}}
+        elif differs and resume:
+            settings = {**settings, **{k: old[k] for k in differs}}
+        elif differs:
+            lines = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in differs.items())
+            raise PipelineError(
+                f"{self.root} already holds a different run ({lines}). Pass --resume to continue "
+                "that run with its own settings, --overwrite to delete its outputs and start this "
+                "one, or choose another --out folder."
+            )
+        state["settings"] = {**state["settings"], **settings}
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_json(self.manifest, state)
+        return state["settings"]
+
+    def clear(self) -> None:
+        for p in (self.prepared, self.hidden_states, self.vocab, self.checkpoints):
+            shutil.rmtree(p, ignore_errors=True)
+        for p in (self.token_freq, self.metrics, self.manifest):
+            p.unlink(missing_ok=True)
+
+    def done(self, stage: str) -> dict | None:
+        return self.read()["stages"].get(stage)
+
+    def mark_done(self, stage: str, **facts) -> None:
+        state = self.read()
+        state["stages"][stage] = {"finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **facts}
+        # Later stages depend on this one's outputs: they are no longer complete.
+        for later in STAGES[STAGES.index(stage) + 1 :]:
+            state["stages"].pop(later, None)
+        write_json(self.manifest, state)
+
+    def require(self, stage: str, needed_by: str) -> dict:
+        facts = self.done(stage)
+        if facts is None:
+            raise PipelineError(
+                f"{needed_by} needs the output of {stage}, which {self.root} does not have yet. "
+                f"Run `speculators-compat {stage} --out {self.root}` first (or `run`)."
+            )
+        return facts

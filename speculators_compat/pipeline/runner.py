@@ -1,0 +1,112 @@
+"""The commands behind the CLI: settings into the run folder, stages in order, a summary."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .layout import STAGES, RunFolder
+from .model_info import inspect_model
+from .train import TrainOptions
+
+log = logging.getLogger("speculators_compat.pipeline")
+
+
+@dataclass
+class RunSettings:
+    model: str | None = None
+    data: str | None = None
+    seq_length: int = 2048
+    max_samples: int | None = None
+    seed: int = 0
+    layer_ids: list[int] | None = None
+    draft_vocab_size: int | None = None
+    batch_size: int = 8
+    tensor_parallel_size: int = 1
+    dtype: str | None = None
+    num_proc: int = 1
+    train: TrainOptions = field(default_factory=TrainOptions)
+
+
+@dataclass
+class StageReport:
+    stage: str
+    seconds: float
+    skipped: bool
+    facts: dict
+
+
+def environment_line(with_shims: bool = True) -> str:
+    from ..registry import applied
+    from ..versions import installed_versions
+
+    v = installed_versions()
+    line = f"vLLM {v.vllm}, speculators {v.speculators}, torch {v.torch}, transformers {v.transformers}"
+    if with_shims:
+        line += f"; shims applied so far: {', '.join(applied()) or 'none yet (they apply as modules load)'}"
+    return line
+
+
+def claim(run: RunFolder, s: RunSettings, *, resume: bool, overwrite: bool) -> dict:
+    identity = {
+        "model": str(Path(s.model).expanduser().resolve()) if s.model else None,
+        "data": str(Path(s.data).expanduser().resolve()) if s.data else None,
+        "seq_length": s.seq_length if s.model else None,
+        "max_samples": s.max_samples,
+        "seed": s.seed if s.model else None,
+        "layer_ids": s.layer_ids,
+        "draft_vocab_size": s.draft_vocab_size,
+    }
+    return run.claim(identity, resume=resume, overwrite=overwrite)
+
+
+def run_stages(run: RunFolder, s: RunSettings, stages: tuple[str, ...], *, force: bool = False,
+               progress: bool = True) -> list[StageReport]:
+    """Run ``stages`` in order; a stage already complete in this folder is skipped unless
+    ``force`` (extraction still only computes the samples that are missing)."""
+    from .errors import PipelineError
+    from .extract import extract
+    from .prepare import prepare
+    from .train import train
+    from .vocab import build_vocab
+
+    settings = run.settings()
+    if "model" not in settings:
+        raise PipelineError(
+            f"{run.root} has no run yet: start with `speculators-compat prepare --model M --data D --out {run.root}` "
+            "(or `run`)."
+        )
+    info = inspect_model(settings["model"])
+    seq_length = settings.get("seq_length", s.seq_length)
+    layer_ids = settings.get("layer_ids") or info.default_layer_ids()
+    reports = []
+    for stage in STAGES:
+        if stage not in stages:
+            continue
+        done = run.done(stage)
+        if done is not None and not force:
+            log.info("%s: already complete in %s, skipped", stage, run.root)
+            reports.append(StageReport(stage, 0.0, True, done))
+            continue
+        log.info("%s: started (%s)", stage, environment_line())
+        t0 = time.perf_counter()
+        if stage == "prepare":
+            if "data" not in settings:
+                raise PipelineError("prepare needs --data (a .json/.jsonl file or a datasets folder)")
+            result = prepare(run, model=info.path, data=Path(settings["data"]), seq_length=seq_length,
+                             max_samples=settings.get("max_samples"), seed=settings.get("seed", 0),
+                             num_proc=s.num_proc)
+        elif stage == "extract":
+            result = extract(run, info, layer_ids=layer_ids, seq_length=seq_length, batch_size=s.batch_size,
+                             tensor_parallel_size=s.tensor_parallel_size, dtype=s.dtype, progress=progress)
+        elif stage == "vocab":
+            result = build_vocab(run, info, settings.get("draft_vocab_size"))
+        else:
+            result = train(run, info, s.train, progress=progress)
+        seconds = time.perf_counter() - t0
+        facts = {k: v for k, v in vars(result).items() if k != "losses"}
+        reports.append(StageReport(stage, seconds, False, facts))
+        log.info("%s: done in %.1f s", stage, seconds)
+    return reports

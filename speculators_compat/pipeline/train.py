@@ -1,0 +1,186 @@
+"""train: the EAGLE-3 draft through speculators 0.3.0's model, data loader and trainer.
+
+Single process, or one process per rank under ``torchrun`` (speculators' distributed path:
+FSDP2 ``fully_shard`` and its ``DistributedCheckpointer``). Checkpoints go to
+``checkpoints/<epoch>/`` and resume from the last complete epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import PipelineError
+from .layout import RunFolder
+from .model_info import ModelInfo
+
+log = logging.getLogger("speculators_compat.pipeline")
+
+
+@dataclass
+class TrainOptions:
+    epochs: int = 3
+    lr: float = 1e-4
+    num_layers: int = 1
+    ttt_steps: int = 3
+    ttt_step_loss_decay: float = 1.0
+    total_seq_len: int = 8192
+    num_workers: int = 0
+    noise_std: float = 0.05
+    val_ratio: float = 0.9
+
+
+@dataclass
+class TrainResult:
+    checkpoint: str
+    epochs: int
+    steps: int
+    first_loss: float | None
+    last_loss: float | None
+    losses: list[float] = field(default_factory=list)
+
+
+class _MetricsFile(logging.Handler):
+    """Receives speculators' metric records (dicts on ``speculators.metrics``) on rank 0."""
+
+    def __init__(self, path: Path, bar):
+        super().__init__(logging.INFO)
+        self.path, self.bar, self.losses = path, bar, []
+
+    def emit(self, record):
+        if not isinstance(record.msg, dict):
+            return
+        entry = {"step": getattr(record, "step", None), **record.msg}
+        with self.path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+        train = record.msg.get("train")
+        if isinstance(train, dict) and "loss" in train:
+            self.losses.append(float(train["loss"]))
+            if self.bar is not None:
+                self.bar.update(1)
+                self.bar.set_postfix(loss=f"{train['loss']:.4f}")
+
+
+def transformer_layer_config(info: ModelInfo, num_layers: int):
+    """A Llama decoder layer config in the verifier's sizes (speculators' draft layer type)."""
+    from transformers import AutoConfig, LlamaConfig
+
+    verifier = AutoConfig.from_pretrained(str(info.path), trust_remote_code=True)
+    verifier = getattr(verifier, "text_config", None) or verifier
+    heads = verifier.num_attention_heads
+    config = LlamaConfig(
+        vocab_size=verifier.vocab_size,
+        hidden_size=verifier.hidden_size,
+        intermediate_size=verifier.intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(verifier, "num_key_value_heads", None) or heads,
+        hidden_act=getattr(verifier, "hidden_act", "silu"),
+        max_position_embeddings=verifier.max_position_embeddings,
+        initializer_range=getattr(verifier, "initializer_range", 0.02),
+        rms_norm_eps=verifier.rms_norm_eps,
+        # The draft layer is a plain Llama layer: its head size follows from its own sizes (a
+        # DeepSeek verifier's head_dim describes MLA, not this layer).
+        head_dim=verifier.hidden_size // heads,
+    )
+    config._attn_implementation = "simple_flex_attention"
+    return config, verifier
+
+
+def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: bool = True) -> TrainResult:
+    import numpy as np
+    import torch
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn, split_files, standardize_data_v1
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+    from speculators.train.noise_transforms import AddUniformNoise
+    from speculators.train.trainer import Trainer, TrainerConfig
+    from speculators.train.utils import maybe_destroy_distributed, maybe_setup_distributed
+    from torch.utils.data import DataLoader
+    from tqdm import tqdm
+
+    run.require("extract", "train")
+    run.require("vocab", "train")
+    local_rank, world_size, rank, distributed = maybe_setup_distributed()
+    device = torch.device(local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    d2t = torch.from_numpy(np.load(run.vocab / "d2t.npy")).to(device)
+    t2d = torch.from_numpy(np.load(run.vocab / "t2d.npy")).to(device)
+    layer_config, verifier = transformer_layer_config(info, options.num_layers)
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_config,
+        draft_vocab_size=int(d2t.shape[0]),
+        norm_before_residual=True,
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(proposal_type="greedy", speculative_tokens=options.ttt_steps)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=str(info.path), architectures=list(info.architectures)),
+        ),
+    )
+    draft = Eagle3DraftModel(config=config, t2d=t2d, d2t=d2t)
+
+    train_files, val_files = split_files(str(run.hidden_states), ratio=options.val_ratio)
+    if not train_files:
+        train_files, val_files = val_files, []
+    if not train_files:
+        raise PipelineError(f"{run.hidden_states} holds no data files; run extract first.")
+
+    def loader(files, noise: bool):
+        dataset = Eagle3SampleFileDataset(
+            file_list=files, max_len=options.total_seq_len, standardize_fn=standardize_data_v1,
+            transform=AddUniformNoise(std=options.noise_std, tensors=("hidden_states", "verifier_last_hidden_states"))
+            if noise and options.noise_std > 0 else None,
+        )
+        sampler = MultipackDistributedBatchSamplerV2(
+            batch_max_length=options.total_seq_len, lengths=dataset.approx_lengths,
+            num_replicas=world_size, rank=rank,
+        )
+        return DataLoader(dataset, batch_sampler=sampler, num_workers=options.num_workers,
+                          collate_fn=create_collate_fn(options.total_seq_len))
+
+    train_loader = loader(train_files, noise=True)
+    val_loader = loader(val_files, noise=False) if val_files else None
+    call = {"use_off_policy_tokens": False, "ttt_steps": options.ttt_steps,
+            "ttt_step_loss_decay": options.ttt_step_loss_decay}
+    trainer = Trainer(
+        draft,
+        TrainerConfig(
+            lr=options.lr, num_epochs=options.epochs, save_path=str(run.checkpoints), resume_from_checkpoint=True,
+            is_distributed=distributed,
+            # speculators places the model and batches with .to(local_rank): an index is a CUDA
+            # device, so on CPU the device itself is passed.
+            local_rank=local_rank if device.type == "cuda" else device,
+            train_call_kwargs=call, val_call_kwargs=call,
+        ),
+        train_loader, val_loader,
+    )
+    remaining = max(options.epochs - trainer.current_epoch, 0) * len(train_loader)
+    bar = tqdm(total=remaining, desc="Training draft", unit="step", disable=not progress or rank != 0 or device.type == "cuda")  # GPU: speculators' own bar
+    metrics = logging.getLogger("speculators.metrics")
+    handler = _MetricsFile(run.metrics, bar)
+    metrics.setLevel(logging.INFO)
+    propagate = metrics.propagate
+    metrics.propagate = False  # one line per step goes to train_metrics.jsonl, not the console
+    if rank == 0:
+        metrics.addHandler(handler)
+    try:
+        trainer.run_training()
+    finally:
+        metrics.removeHandler(handler)
+        metrics.propagate = propagate
+        bar.close()
+        maybe_destroy_distributed()
+    last = max((int(p.name) for p in run.checkpoints.iterdir() if p.name.isdigit()), default=None)
+    if last is None:
+        raise PipelineError(f"training finished without a checkpoint in {run.checkpoints}")
+    losses = handler.losses
+    result = TrainResult(str(run.checkpoints / str(last)), options.epochs, len(losses),
+                         losses[0] if losses else None, losses[-1] if losses else None, losses)
+    if rank == 0:
+        facts = {k: v for k, v in vars(result).items() if k != "losses"}
+        run.mark_done("train", **facts)
+    return result

@@ -1,0 +1,72 @@
+"""CPU: resume single-process training without CUDA.
+
+speculators 0.3.0's ``SingleGPUCheckpointer`` loads a checkpoint's weights and optimizer state
+onto ``"cuda:0"`` (hard-coded), so resuming training on a machine without CUDA fails. The shim
+binds the checkpointer module's ``load_safetensors_state_dict`` and ``torch`` to thin stand-ins
+that load onto the CPU when the requested device is a CUDA device and CUDA is not available;
+everything else is speculators' own code and torch itself.
+
+Probe: CUDA is not available and the checkpointer names ``cuda:0``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+from ..registry import Shim, replace_attr
+from ._targets import CHECKPOINTER, module
+
+NAME = "checkpointer_cpu"
+
+
+def probe() -> bool:
+    import torch
+
+    source = inspect.getsource(module(CHECKPOINTER).SingleGPUCheckpointer)
+    return not torch.cuda.is_available() and '"cuda:0"' in source
+
+
+def _cpu_if_cuda(device):
+    return "cpu" if device is not None and str(device).startswith("cuda") else device
+
+
+class _TorchLoadOnCpu(types.ModuleType):
+    def __init__(self, real_torch):
+        super().__init__("torch")
+        self._real = real_torch
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def load(self, *args, map_location=None, **kwargs):
+        return self._real.load(*args, map_location=_cpu_if_cuda(map_location), **kwargs)
+
+
+def patch():
+    ckpt = module(CHECKPOINTER)
+    original = ckpt.load_safetensors_state_dict
+
+    def load_safetensors_state_dict(path, device):
+        return original(path, _cpu_if_cuda(device))
+
+    undo_load = replace_attr(ckpt, "load_safetensors_state_dict", load_safetensors_state_dict, NAME)
+    undo_torch = replace_attr(ckpt, "torch", _TorchLoadOnCpu(ckpt.torch), NAME)
+
+    def undo():
+        undo_torch()
+        undo_load()
+
+    return undo
+
+
+SHIM = Shim(
+    name=NAME,
+    target=f"{CHECKPOINTER}:load_safetensors_state_dict, {CHECKPOINTER}:torch.load",
+    vllm=">=0.11",
+    symptom="resuming training on CPU: RuntimeError: Found no NVIDIA driver on your system",
+    hook_module=CHECKPOINTER,
+    probe=probe,
+    patch=patch,
+    platform="cpu",
+)
