@@ -30,41 +30,105 @@ def _common(stages: tuple[str, ...]):
 
     def decorate(f):
         opts = [
-            click.option("--out", "out", type=click.Path(path_type=Path), required=True,
-                         help="Run folder: every stage reads and writes here (run.json records the run)."),
-            click.option("--resume", is_flag=True, help="The folder holds a different run: continue it with its own settings."),
-            click.option("--overwrite", is_flag=True, help="The folder holds a different run: delete its outputs, start this one."),
+            click.option(
+                "--out",
+                "out",
+                type=click.Path(path_type=Path),
+                required=True,
+                help="Run folder: every stage reads and writes here (run.json records the run).",
+            ),
+            click.option(
+                "--resume",
+                is_flag=True,
+                help="The folder holds a different run: continue it with its own settings.",
+            ),
+            click.option(
+                "--overwrite",
+                is_flag=True,
+                help="The folder holds a different run: delete its outputs, start this one.",
+            ),
             click.option("--quiet", is_flag=True, help="No progress bars."),
         ]
         if "prepare" in stages:
             opts += [
-                click.option("--model", type=click.Path(path_type=Path), help="Verifier checkpoint folder (config.json, tokenizer, safetensors)."),
-                click.option("--data", type=click.Path(path_type=Path), help="Chat data: .json/.jsonl (ShareGPT) or a datasets folder."),
-                click.option("--seq-length", default=2048, show_default=True, help="Longer sequences are truncated (and counted)."),
-                click.option("--max-samples", type=int, default=None, help="Use at most this many conversations."),
+                click.option(
+                    "--model",
+                    type=click.Path(path_type=Path),
+                    help="Verifier checkpoint folder (config.json, tokenizer, safetensors).",
+                ),
+                click.option(
+                    "--data",
+                    type=click.Path(path_type=Path),
+                    help="Chat data: .json/.jsonl (ShareGPT) or a datasets folder.",
+                ),
+                click.option(
+                    "--seq-length",
+                    default=2048,
+                    show_default=True,
+                    help="Longer sequences are truncated (and counted).",
+                ),
+                click.option(
+                    "--max-samples", type=int, default=None, help="Use at most this many conversations."
+                ),
                 click.option("--seed", default=0, show_default=True, help="Shuffle seed."),
                 click.option("--num-proc", default=1, show_default=True, help="Processes for tokenization."),
             ]
         if "extract" in stages:
             opts += [
-                click.option("--layer-ids", callback=_layer_ids, default=None,
-                             help="Four layer ids, comma separated (three auxiliary, then the last). Default: speculators' choice."),
-                click.option("--batch-size", default=8, show_default=True, help="Sequences per generator call (written to disk after each)."),
+                click.option(
+                    "--layer-ids",
+                    callback=_layer_ids,
+                    default=None,
+                    help="Four layer ids, comma separated (three auxiliary, then the last). "
+                    "Default: speculators' choice.",
+                ),
+                click.option(
+                    "--batch-size",
+                    default=8,
+                    show_default=True,
+                    help="Sequences per generator call (written to disk after each).",
+                ),
                 click.option("--tensor-parallel-size", default=1, show_default=True),
-                click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-                             show_default=True, help="Extraction dtype (auto: vLLM's choice for the checkpoint)."),
+                click.option(
+                    "--dtype",
+                    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+                    default="auto",
+                    show_default=True,
+                    help="Extraction dtype (auto: vLLM's choice for the checkpoint).",
+                ),
             ]
         if "vocab" in stages:
-            opts += [click.option("--draft-vocab-size", type=int, default=None,
-                                  help="Draft vocabulary (default: min(32000, target vocabulary)).")]
+            opts += [
+                click.option(
+                    "--draft-vocab-size",
+                    type=int,
+                    default=None,
+                    help="Draft vocabulary (default: min(32000, target vocabulary)).",
+                )
+            ]
         if "train" in stages:
             opts += [
                 click.option("--epochs", default=TrainOptions.epochs, show_default=True),
                 click.option("--lr", default=TrainOptions.lr, show_default=True),
-                click.option("--num-layers", default=TrainOptions.num_layers, show_default=True, help="Draft decoder layers."),
+                click.option(
+                    "--num-layers",
+                    default=TrainOptions.num_layers,
+                    show_default=True,
+                    help="Draft decoder layers.",
+                ),
                 click.option("--ttt-steps", default=TrainOptions.ttt_steps, show_default=True),
-                click.option("--total-seq-len", default=TrainOptions.total_seq_len, show_default=True, help="Tokens per packed batch."),
-                click.option("--num-workers", default=TrainOptions.num_workers, show_default=True, help="Data loader workers."),
+                click.option(
+                    "--total-seq-len",
+                    default=TrainOptions.total_seq_len,
+                    show_default=True,
+                    help="Tokens per packed batch.",
+                ),
+                click.option(
+                    "--num-workers",
+                    default=TrainOptions.num_workers,
+                    show_default=True,
+                    help="Data loader workers.",
+                ),
             ]
         for opt in reversed(opts):
             f = opt(f)
@@ -74,10 +138,26 @@ def _common(stages: tuple[str, ...]):
 
 
 def _settings(kw: dict) -> RunSettings:
-    train = TrainOptions(**{k: kw[k] for k in ("epochs", "lr", "num_layers", "ttt_steps", "total_seq_len", "num_workers") if k in kw})
+    train = TrainOptions(
+        **{
+            k: kw[k]
+            for k in ("epochs", "lr", "num_layers", "ttt_steps", "total_seq_len", "num_workers")
+            if k in kw
+        }
+    )
     s = RunSettings(train=train)
-    for k in ("model", "data", "seq_length", "max_samples", "seed", "layer_ids", "draft_vocab_size", "batch_size",
-              "tensor_parallel_size", "num_proc"):
+    for k in (
+        "model",
+        "data",
+        "seq_length",
+        "max_samples",
+        "seed",
+        "layer_ids",
+        "draft_vocab_size",
+        "batch_size",
+        "tensor_parallel_size",
+        "num_proc",
+    ):
         if k in kw:
             setattr(s, k, str(kw[k]) if isinstance(kw[k], Path) else kw[k])
     if kw.get("dtype") not in (None, "auto"):
@@ -86,7 +166,9 @@ def _settings(kw: dict) -> RunSettings:
 
 
 def _logging(quiet: bool) -> None:
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("speculators_compat").setLevel(logging.INFO)
 
 
@@ -111,8 +193,10 @@ def _summary(run: RunFolder, reports: list[StageReport], total: float) -> None:
         how = "already complete" if r.skipped else f"{r.seconds:7.1f} s"
         shown = {k: v for k, v in r.facts.items() if k not in ("finished_at",)}
         click.echo(f"  {r.stage:<8} {how:>16}  " + ", ".join(f"{k}={v}" for k, v in shown.items()))
-    click.echo(f"  outputs: {run.prepared.name}/, {run.hidden_states.name}/ (data_config.json), "
-               f"{run.vocab.name}/, {run.checkpoints.name}/, {run.metrics.name}")
+    click.echo(
+        f"  outputs: {run.prepared.name}/, {run.hidden_states.name}/ (data_config.json), "
+        f"{run.vocab.name}/, {run.checkpoints.name}/, {run.metrics.name}"
+    )
     click.echo(f"  {environment_line(with_shims=False)}")
     click.echo(f"  shims applied: {', '.join(applied()) or 'none'}")
     click.echo(f"  total {total:.1f} s")
@@ -135,13 +219,25 @@ def _stage_command(main, stage: str, stages: tuple[str, ...], doc: str):
 
 
 def register(main) -> None:
-    _stage_command(main, "prepare", ("prepare",),
-                   "Chat data -> token ids and loss masks with the model's chat template (speculators' preprocessing).")
-    _stage_command(main, "extract", ("extract",),
-                   "Hidden states through speculators' generator with the shims, written as data_{i}.pt (resumable).")
+    _stage_command(
+        main,
+        "prepare",
+        ("prepare",),
+        "Chat data -> token ids and loss masks with the model's chat template (speculators' preprocessing).",
+    )
+    _stage_command(
+        main,
+        "extract",
+        ("extract",),
+        "Hidden states through speculators' generator with the shims, written as data_{i}.pt (resumable).",
+    )
     _stage_command(main, "vocab", ("vocab",), "Draft <-> target vocabulary mapping (d2t.npy, t2d.npy).")
-    _stage_command(main, "train", ("train",),
-                   "Train the EAGLE-3 draft with speculators' trainer (single process, or under torchrun).")
+    _stage_command(
+        main,
+        "train",
+        ("train",),
+        "Train the EAGLE-3 draft with speculators' trainer (single process, or under torchrun).",
+    )
 
     @main.command(name="run")
     @_common(STAGES)
@@ -157,8 +253,12 @@ def register(main) -> None:
         _summary(run, reports, time.perf_counter() - t0)
 
     @main.command()
-    @click.option("--out", type=click.Path(path_type=Path), default=Path("speculators-compat-demo"), show_default=True)
-    @click.option("--samples", default=300, show_default=True, help="Conversations of the embedded dataset to use.")
+    @click.option(
+        "--out", type=click.Path(path_type=Path), default=Path("speculators-compat-demo"), show_default=True
+    )
+    @click.option(
+        "--samples", default=300, show_default=True, help="Conversations of the embedded dataset to use."
+    )
     @click.option("--epochs", default=2, show_default=True)
     @click.option("--overwrite", is_flag=True, help="Start again in a folder that holds another run.")
     @click.option("--quiet", is_flag=True, help="No progress bars.")
@@ -175,9 +275,16 @@ def register(main) -> None:
         model = build("deepseek-v3-tiny", "float32")
         click.echo(f"fixture deepseek-v3-tiny (float32) at {model}  [{time.perf_counter() - t0:.1f}s]")
         run = RunFolder(out)
-        s = RunSettings(model=str(model), data=str(chat_dataset_path()), seq_length=512, max_samples=samples,
-                        batch_size=32, dtype="float32", draft_vocab_size=256,
-                        train=TrainOptions(epochs=epochs, lr=1e-3, total_seq_len=1024))
+        s = RunSettings(
+            model=str(model),
+            data=str(chat_dataset_path()),
+            seq_length=512,
+            max_samples=samples,
+            batch_size=32,
+            dtype="float32",
+            draft_vocab_size=256,
+            train=TrainOptions(epochs=epochs, lr=1e-3, total_seq_len=1024),
+        )
         claim(run, s, resume=False, overwrite=overwrite)
         reports = run_stages(run, s, STAGES, progress=not quiet)
         _summary(run, reports, time.perf_counter() - t0)
@@ -186,8 +293,10 @@ def register(main) -> None:
         worst = check_against_reference(run, samples=3)
         from ..reference import TOLERANCE
 
-        click.echo(f"  states vs transformers (3 samples, all captured layers): worst relative error {worst:.1e} "
-                   f"(tolerance {TOLERANCE['float32']:.0e})")
+        click.echo(
+            f"  states vs transformers (3 samples, all captured layers): worst relative error {worst:.1e} "
+            f"(tolerance {TOLERANCE['float32']:.0e})"
+        )
         losses = [r.facts for r in reports if r.stage == "train"]
         if losses and losses[0].get("first_loss") is not None:
             click.echo(f"  training loss {losses[0]['first_loss']:.4f} -> {losses[0]['last_loss']:.4f}")

@@ -57,14 +57,24 @@ def compat_record(info: ModelInfo, layer_ids: list[int], dtype: str | None) -> d
             "verifier_lm_head(verifier final norm(hidden_states[-1])): the verifier's logits "
             "(shim training_target_final_norm)"
             if final_norm
-            else "verifier_lm_head(hidden_states[-1]) without the verifier's final norm (speculators 0.3.0 as is)"
+            else "verifier_lm_head(hidden_states[-1]) without the verifier's final norm "
+            "(speculators 0.3.0 as is)"
         ),
         "last_layer_is_final": layer_ids[-1] == info.num_layers - 1,
     }
 
 
-def extract(run: RunFolder, info: ModelInfo, *, layer_ids: list[int], seq_length: int, batch_size: int,
-            tensor_parallel_size: int = 1, dtype: str | None = None, progress: bool = True) -> ExtractResult:
+def extract(
+    run: RunFolder,
+    info: ModelInfo,
+    *,
+    layer_ids: list[int],
+    seq_length: int,
+    batch_size: int,
+    tensor_parallel_size: int = 1,
+    dtype: str | None = None,
+    progress: bool = True,
+) -> ExtractResult:
     import datasets
     import torch
     from tqdm import tqdm
@@ -74,7 +84,9 @@ def extract(run: RunFolder, info: ModelInfo, *, layer_ids: list[int], seq_length
     if layer_ids[-1] != info.num_layers - 1:
         log.warning(
             "the last layer id %d is not the model's last layer (%d): training targets are computed "
-            "from it as if it were", layer_ids[-1], info.num_layers - 1,
+            "from it as if it were",
+            layer_ids[-1],
+            info.num_layers - 1,
         )
     if dtype:
         os.environ["SPECULATORS_COMPAT_DTYPE"] = dtype
@@ -100,12 +112,19 @@ def extract(run: RunFolder, info: ModelInfo, *, layer_ids: list[int], seq_length
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
         generator = VllmHiddenStatesGenerator(
-            str(info.path), layer_ids=layer_ids, max_model_len=seq_length,
+            str(info.path),
+            layer_ids=layer_ids,
+            max_model_len=seq_length,
             tensor_parallel_size=tensor_parallel_size,
         )
     try:
-        bar = tqdm(total=len(prepared), initial=len(have), desc="Extracting hidden states", unit="seq",
-                   disable=not progress)
+        bar = tqdm(
+            total=len(prepared),
+            initial=len(have),
+            desc="Extracting hidden states",
+            unit="seq",
+            disable=not progress,
+        )
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]
             rows = [prepared[i] for i in chunk]
@@ -129,8 +148,15 @@ def extract(run: RunFolder, info: ModelInfo, *, layer_ids: list[int], seq_length
     return result
 
 
-def write_data_config(run: RunFolder, info: ModelInfo, layer_ids: list[int], seq_length: int, samples: int,
-                      tensor_parallel_size: int, dtype: str | None) -> None:
+def write_data_config(
+    run: RunFolder,
+    info: ModelInfo,
+    layer_ids: list[int],
+    seq_length: int,
+    samples: int,
+    tensor_parallel_size: int,
+    dtype: str | None,
+) -> None:
     """speculators' own ``DataGenerationConfig`` plus a ``speculators_compat`` section."""
     from speculators.data_generation.config_generator import DataGenerationConfig
 
@@ -138,12 +164,18 @@ def write_data_config(run: RunFolder, info: ModelInfo, layer_ids: list[int], seq
     # from_generator reads only these attributes: the config does not need a live engine (so it
     # can be written after a resumed run that had nothing left to extract).
     generator = types.SimpleNamespace(
-        model_path=str(info.path), tensor_parallel_size=tensor_parallel_size, layer_ids=list(layer_ids),
+        model_path=str(info.path),
+        tensor_parallel_size=tensor_parallel_size,
+        layer_ids=list(layer_ids),
         vllm_config=types.SimpleNamespace(cache_config=types.SimpleNamespace(gpu_memory_utilization=0.8)),
     )
     config = DataGenerationConfig.from_generator(
-        generator=generator, train_data_path=str(settings.get("data", "")), seq_length=seq_length,
-        cache_dir=str(run.root / ".hf-cache"), num_samples=samples, max_samples=settings.get("max_samples"),
+        generator=generator,
+        train_data_path=str(settings.get("data", "")),
+        seq_length=seq_length,
+        cache_dir=str(run.root / ".hf-cache"),
+        num_samples=samples,
+        max_samples=settings.get("max_samples"),
         seed=settings.get("seed", 0),
     ).to_dict()
     config["speculators_compat"] = compat_record(info, layer_ids, dtype)

@@ -67,7 +67,9 @@ class RunFolder:
                 "nothing there is touched. Choose an empty or new --out folder."
             )
         old = state["settings"]
-        differs = {k: (old[k], settings[k]) for k in IDENTITY if k in old and k in settings and old[k] != settings[k]}
+        differs = {
+            k: (old[k], settings[k]) for k in IDENTITY if k in old and k in settings and old[k] != settings[k]
+        }
         if differs and overwrite:
             self.clear()
             state = {"settings": {}, "stages": {}}

@@ -65,7 +65,9 @@ def inspect_model(path: str | Path) -> ModelInfo:
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else None
     wrapper = text is not None and "num_hidden_layers" not in raw
     source = text if wrapper else raw
-    missing = [k for k in ("num_hidden_layers", "hidden_size", "vocab_size") if not isinstance(source.get(k), int)]
+    missing = [
+        k for k in ("num_hidden_layers", "hidden_size", "vocab_size") if not isinstance(source.get(k), int)
+    ]
     if missing:
         where = "text_config" if wrapper else "the top level"
         raise PipelineError(

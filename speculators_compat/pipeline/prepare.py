@@ -27,7 +27,9 @@ def load_conversations(data: str | Path, cache_dir: Path):
 
     path = Path(data).expanduser()
     if not path.exists():
-        raise PipelineError(f"dataset {path} does not exist: pass a local .json/.jsonl file or a datasets folder.")
+        raise PipelineError(
+            f"dataset {path} does not exist: pass a local .json/.jsonl file or a datasets folder."
+        )
     try:
         if path.is_dir():
             raw = datasets.load_from_disk(str(path))
@@ -58,8 +60,16 @@ def load_conversations(data: str | Path, cache_dir: Path):
     return raw
 
 
-def prepare(run: RunFolder, *, model: Path, data: Path, seq_length: int, max_samples: int | None, seed: int,
-            num_proc: int = 1) -> PrepareResult:
+def prepare(
+    run: RunFolder,
+    *,
+    model: Path,
+    data: Path,
+    seq_length: int,
+    max_samples: int | None,
+    seed: int,
+    num_proc: int = 1,
+) -> PrepareResult:
     from speculators.data_generation.preprocessing import build_eagle3_dataset
     from speculators.train.vocab_mapping import save_token_frequency_distribution
     from transformers import AutoTokenizer
@@ -102,11 +112,17 @@ def prepare(run: RunFolder, *, model: Path, data: Path, seq_length: int, max_sam
             "('gpt'/'assistant') in the data."
         )
     if counts["truncated"]:
-        log.warning("%d of %d sequences were longer than %d tokens and were truncated",
-                    counts["truncated"], len(prepared), seq_length)
+        log.warning(
+            "%d of %d sequences were longer than %d tokens and were truncated",
+            counts["truncated"],
+            len(prepared),
+            seq_length,
+        )
     if counts["without_assistant"]:
-        log.warning("%d sequences have no assistant tokens (they add nothing to the loss)",
-                    counts["without_assistant"])
+        log.warning(
+            "%d sequences have no assistant tokens (they add nothing to the loss)",
+            counts["without_assistant"],
+        )
     write_dir(run.prepared, lambda tmp: prepared.save_to_disk(str(tmp)))
     write_file(run.token_freq, lambda tmp: save_token_frequency_distribution(prepared, str(tmp)))
     result = PrepareResult(len(prepared), counts["truncated"], counts["without_assistant"], counts["tokens"])

@@ -62,8 +62,9 @@ def claim(run: RunFolder, s: RunSettings, *, resume: bool, overwrite: bool) -> d
     return run.claim(identity, resume=resume, overwrite=overwrite)
 
 
-def run_stages(run: RunFolder, s: RunSettings, stages: tuple[str, ...], *, force: bool = False,
-               progress: bool = True) -> list[StageReport]:
+def run_stages(
+    run: RunFolder, s: RunSettings, stages: tuple[str, ...], *, force: bool = False, progress: bool = True
+) -> list[StageReport]:
     """Run ``stages`` in order; a stage already complete in this folder is skipped unless
     ``force`` (extraction still only computes the samples that are missing)."""
     from .errors import PipelineError
@@ -75,8 +76,8 @@ def run_stages(run: RunFolder, s: RunSettings, stages: tuple[str, ...], *, force
     settings = run.settings()
     if "model" not in settings:
         raise PipelineError(
-            f"{run.root} has no run yet: start with `speculators-compat prepare --model M --data D --out {run.root}` "
-            "(or `run`)."
+            f"{run.root} has no run yet: start with `speculators-compat prepare --model M --data D "
+            f"--out {run.root}` (or `run`)."
         )
     info = inspect_model(settings["model"])
     seq_length = settings.get("seq_length", s.seq_length)
@@ -95,12 +96,26 @@ def run_stages(run: RunFolder, s: RunSettings, stages: tuple[str, ...], *, force
         if stage == "prepare":
             if "data" not in settings:
                 raise PipelineError("prepare needs --data (a .json/.jsonl file or a datasets folder)")
-            result = prepare(run, model=info.path, data=Path(settings["data"]), seq_length=seq_length,
-                             max_samples=settings.get("max_samples"), seed=settings.get("seed", 0),
-                             num_proc=s.num_proc)
+            result = prepare(
+                run,
+                model=info.path,
+                data=Path(settings["data"]),
+                seq_length=seq_length,
+                max_samples=settings.get("max_samples"),
+                seed=settings.get("seed", 0),
+                num_proc=s.num_proc,
+            )
         elif stage == "extract":
-            result = extract(run, info, layer_ids=layer_ids, seq_length=seq_length, batch_size=s.batch_size,
-                             tensor_parallel_size=s.tensor_parallel_size, dtype=s.dtype, progress=progress)
+            result = extract(
+                run,
+                info,
+                layer_ids=layer_ids,
+                seq_length=seq_length,
+                batch_size=s.batch_size,
+                tensor_parallel_size=s.tensor_parallel_size,
+                dtype=s.dtype,
+                progress=progress,
+            )
         elif stage == "vocab":
             result = build_vocab(run, info, settings.get("draft_vocab_size"))
         else:

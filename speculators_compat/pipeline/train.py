@@ -95,7 +95,12 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from speculators.train.data import Eagle3SampleFileDataset, create_collate_fn, split_files, standardize_data_v1
+    from speculators.train.data import (
+        Eagle3SampleFileDataset,
+        create_collate_fn,
+        split_files,
+        standardize_data_v1,
+    )
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
     from speculators.train.noise_transforms import AddUniformNoise
     from speculators.train.trainer import Trainer, TrainerConfig
@@ -116,7 +121,9 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
         norm_before_residual=True,
         speculators_config=SpeculatorsConfig(
             algorithm="eagle3",
-            proposal_methods=[GreedyTokenProposalConfig(proposal_type="greedy", speculative_tokens=options.ttt_steps)],
+            proposal_methods=[
+                GreedyTokenProposalConfig(proposal_type="greedy", speculative_tokens=options.ttt_steps)
+            ],
             default_proposal_method="greedy",
             verifier=VerifierConfig(name_or_path=str(info.path), architectures=list(info.architectures)),
         ),
@@ -131,35 +138,59 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
 
     def loader(files, noise: bool):
         dataset = Eagle3SampleFileDataset(
-            file_list=files, max_len=options.total_seq_len, standardize_fn=standardize_data_v1,
-            transform=AddUniformNoise(std=options.noise_std, tensors=("hidden_states", "verifier_last_hidden_states"))
-            if noise and options.noise_std > 0 else None,
+            file_list=files,
+            max_len=options.total_seq_len,
+            standardize_fn=standardize_data_v1,
+            transform=AddUniformNoise(
+                std=options.noise_std, tensors=("hidden_states", "verifier_last_hidden_states")
+            )
+            if noise and options.noise_std > 0
+            else None,
         )
         sampler = MultipackDistributedBatchSamplerV2(
-            batch_max_length=options.total_seq_len, lengths=dataset.approx_lengths,
-            num_replicas=world_size, rank=rank,
+            batch_max_length=options.total_seq_len,
+            lengths=dataset.approx_lengths,
+            num_replicas=world_size,
+            rank=rank,
         )
-        return DataLoader(dataset, batch_sampler=sampler, num_workers=options.num_workers,
-                          collate_fn=create_collate_fn(options.total_seq_len))
+        return DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            num_workers=options.num_workers,
+            collate_fn=create_collate_fn(options.total_seq_len),
+        )
 
     train_loader = loader(train_files, noise=True)
     val_loader = loader(val_files, noise=False) if val_files else None
-    call = {"use_off_policy_tokens": False, "ttt_steps": options.ttt_steps,
-            "ttt_step_loss_decay": options.ttt_step_loss_decay}
+    call = {
+        "use_off_policy_tokens": False,
+        "ttt_steps": options.ttt_steps,
+        "ttt_step_loss_decay": options.ttt_step_loss_decay,
+    }
     trainer = Trainer(
         draft,
         TrainerConfig(
-            lr=options.lr, num_epochs=options.epochs, save_path=str(run.checkpoints), resume_from_checkpoint=True,
+            lr=options.lr,
+            num_epochs=options.epochs,
+            save_path=str(run.checkpoints),
+            resume_from_checkpoint=True,
             is_distributed=distributed,
             # speculators places the model and batches with .to(local_rank): an index is a CUDA
             # device, so on CPU the device itself is passed.
             local_rank=local_rank if device.type == "cuda" else device,
-            train_call_kwargs=call, val_call_kwargs=call,
+            train_call_kwargs=call,
+            val_call_kwargs=call,
         ),
-        train_loader, val_loader,
+        train_loader,
+        val_loader,
     )
     remaining = max(options.epochs - trainer.current_epoch, 0) * len(train_loader)
-    bar = tqdm(total=remaining, desc="Training draft", unit="step", disable=not progress or rank != 0 or device.type == "cuda")  # GPU: speculators' own bar
+    bar = tqdm(
+        total=remaining,
+        desc="Training draft",
+        unit="step",
+        disable=not progress or rank != 0 or device.type == "cuda",
+    )  # GPU: speculators' own bar
     metrics = logging.getLogger("speculators.metrics")
     handler = _MetricsFile(run.metrics, bar)
     metrics.setLevel(logging.INFO)
@@ -178,8 +209,14 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
     if last is None:
         raise PipelineError(f"training finished without a checkpoint in {run.checkpoints}")
     losses = handler.losses
-    result = TrainResult(str(run.checkpoints / str(last)), options.epochs, len(losses),
-                         losses[0] if losses else None, losses[-1] if losses else None, losses)
+    result = TrainResult(
+        str(run.checkpoints / str(last)),
+        options.epochs,
+        len(losses),
+        losses[0] if losses else None,
+        losses[-1] if losses else None,
+        losses,
+    )
     if rank == 0:
         facts = {k: v for k, v in vars(result).items() if k != "losses"}
         run.mark_done("train", **facts)

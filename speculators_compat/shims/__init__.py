@@ -19,8 +19,8 @@
 | token_attribution | all | states on the wrong sequence (chunked prefill, >32 seqs, reordering) |
 | hidden_states_capture | all | supports_eagle3 gate, embed_input_ids, llama_4_scaling, wrappers |
 | worker_error_details | all | RuntimeError: Worker failed with error '' |
-| draft_verifier_wrapper | all (speculators) | draft cannot read a wrapped verifier (Kimi-K2.5): custom code, language_model. |
-| training_target_final_norm | all (speculators) | targets = lm_head(last layer) without the verifier's final norm |
+| draft_verifier_wrapper | all | draft cannot read a wrapped verifier (Kimi-K2.5) |
+| training_target_final_norm | all | targets miss the verifier's final norm |
 | draft_eager_on_cpu | all, CPU | InductorError: IndexError: tuple index out of range (training on CPU) |
 | checkpointer_cpu | all, CPU | resuming training on CPU: checkpoint loaded onto cuda:0 |
 
@@ -33,9 +33,9 @@ from __future__ import annotations
 from ..registry import Shim
 from . import (
     cache_config_prefix_caching,
+    checkpointer_cpu,
     collective_rpc_unique_reply,
     cpu_moe_activation_config,
-    checkpointer_cpu,
     cpu_rms_norm_strided,
     draft_eager_on_cpu,
     draft_verifier_wrapper,

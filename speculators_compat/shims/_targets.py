@@ -61,6 +61,7 @@ def rewrite_call(attr: str, shim: str, rewrite: Callable[[tuple, dict], None]):
     call.__name__ = call.__qualname__ = attr
     return replace_attr(gen, attr, call, shim)
 
+
 DRAFT = "speculators.models.eagle3.core"
 CHECKPOINTER = "speculators.train.checkpointer"
 TRAIN_UTILS = "speculators.train.utils"

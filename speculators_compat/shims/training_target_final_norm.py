@@ -63,9 +63,7 @@ def patch():
         verifier = draft.AutoConfig.from_pretrained(path)
         verifier = getattr(verifier, "text_config", None) or verifier
         head = self.verifier_lm_head
-        head.register_buffer(
-            BUFFER, weights["model.norm.weight"].to(head.weight.dtype), persistent=False
-        )
+        head.register_buffer(BUFFER, weights["model.norm.weight"].to(head.weight.dtype), persistent=False)
         head._compat_verifier_norm_eps = float(verifier.rms_norm_eps)
         head.register_forward_pre_hook(_normalise_input)
 
