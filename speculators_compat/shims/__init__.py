@@ -21,6 +21,7 @@
 | worker_error_details | all | RuntimeError: Worker failed with error '' |
 | draft_verifier_wrapper | all | draft cannot read a wrapped verifier (Kimi-K2.5) |
 | training_target_final_norm | all | targets miss the verifier's final norm |
+| draft_from_pretrained | all | a saved draft does not load: unexpected keyword argument 'verifier' |
 | draft_eager_on_cpu | all, CPU | InductorError: IndexError: tuple index out of range (training on CPU) |
 | checkpointer_cpu | all, CPU | resuming training on CPU: checkpoint loaded onto cuda:0 |
 
@@ -38,6 +39,7 @@ from . import (
     cpu_moe_activation_config,
     cpu_rms_norm_strided,
     draft_eager_on_cpu,
+    draft_from_pretrained,
     draft_verifier_wrapper,
     executor_sample_tokens,
     generator_cpu_memory,
@@ -75,6 +77,7 @@ SHIMS: list[Shim] = [
     worker_error_details.SHIM,
     draft_verifier_wrapper.SHIM,
     training_target_final_norm.SHIM,
+    draft_from_pretrained.SHIM,
     draft_eager_on_cpu.SHIM,
     checkpointer_cpu.SHIM,
 ]

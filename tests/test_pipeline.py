@@ -1,0 +1,167 @@
+"""The pipeline end to end in real vLLM (CPU): demo, speculators' own readers, kill and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from speculators_compat.pipeline.check import check_against_reference
+from speculators_compat.pipeline.layout import RunFolder
+from speculators_compat.reference import TOLERANCE
+from tests.pipeline_helpers import ROOT, cli
+
+SAMPLES = 40
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "run"
+    proc = cli("demo", "--out", out, "--samples", SAMPLES, "--epochs", 2, "--quiet")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return RunFolder(out), proc.stdout
+
+
+def test_demo_writes_speculators_format(demo_run):
+    run, _ = demo_run
+    files = sorted(run.hidden_states.glob("data_*.pt"))
+    assert len(files) == SAMPLES
+    sample = torch.load(files[0], weights_only=True)
+    assert set(sample) == {"input_ids", "hidden_states", "loss_mask"}
+    assert len(sample["hidden_states"]) == 4
+    assert all(h.shape == (len(sample["input_ids"]), 128) for h in sample["hidden_states"])
+    assert sample["loss_mask"].shape == sample["input_ids"].shape
+    assert run.token_freq.is_file() and not list(run.hidden_states.glob("*.pt.*"))
+    config = json.loads((run.hidden_states / "data_config.json").read_text())
+    assert config["data"]["num_samples"] == SAMPLES
+    assert config["hidden_states"]["layer_ids"] == [2, 3, 4, 5]
+    compat = config["speculators_compat"]
+    assert set(compat["versions"]) >= {"vllm", "speculators", "torch", "transformers"}
+    assert compat["versions"]["speculators"].startswith("0.3")
+    assert "hidden_states_capture" in compat["shims_applied"]
+    assert "training_target_final_norm" in compat["shims_applied"]
+    assert "final norm" in compat["training_target"]
+
+
+def test_demo_states_match_the_reference(demo_run):
+    run, stdout = demo_run
+    assert check_against_reference(run, samples=5) <= TOLERANCE["float32"]
+    assert "worst relative error" in stdout
+
+
+def test_demo_training_loss_decreases(demo_run):
+    run, stdout = demo_run
+    losses = [
+        json.loads(line)["train"]["loss"]
+        for line in run.metrics.read_text().splitlines()
+        if '"train"' in line
+    ]
+    assert len(losses) >= 8
+    k = max(2, len(losses) // 4)
+    assert np.mean(losses[-k:]) < 0.8 * np.mean(losses[:k]), losses
+    assert "training loss" in stdout
+
+
+def test_speculators_loader_reads_the_extraction(demo_run):
+    from speculators.train.data import Eagle3SampleFileDataset
+
+    run, _ = demo_run
+    dataset = Eagle3SampleFileDataset(max_len=512, datapath=str(run.hidden_states))
+    assert len(dataset) == SAMPLES
+    item = dataset[0]
+    assert item["hidden_states"].shape[-1] == 3 * 128
+    assert item["verifier_last_hidden_states"].shape[-1] == 128
+
+
+def test_draft_loads_with_speculators_from_pretrained(demo_run):
+    from safetensors.torch import load_file
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    run, _ = demo_run
+    checkpoint = run.checkpoints / "1"
+    d2t = torch.from_numpy(np.load(run.vocab / "d2t.npy"))
+    t2d = torch.from_numpy(np.load(run.vocab / "t2d.npy"))
+    model = Eagle3DraftModel.from_pretrained(str(checkpoint), t2d=t2d, d2t=d2t)
+    saved = load_file(checkpoint / "model.safetensors")
+    assert "fc.weight" in saved and "verifier_lm_head.weight" not in saved
+    for name in ("fc.weight", "lm_head.weight"):
+        assert torch.equal(model.state_dict()[name].to(saved[name].dtype), saved[name]), name
+
+
+def test_run_again_continues_and_skips_complete_stages(demo_run):
+    run, _ = demo_run
+    before = {p.name: p.stat().st_mtime_ns for p in run.hidden_states.glob("data_*.pt")}
+    proc = cli("demo", "--out", run.root, "--samples", SAMPLES, "--epochs", 2, "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("already complete") == 4
+    assert {p.name: p.stat().st_mtime_ns for p in run.hidden_states.glob("data_*.pt")} == before
+
+
+def test_sigkill_during_extraction_loses_and_duplicates_nothing(tmp_path):
+    from speculators_compat.tiny import build, chat_dataset_path
+
+    model = build("deepseek-v3-tiny", "float32")
+    out = tmp_path / "run"
+    total = 120
+    prep = cli(
+        "prepare",
+        "--model",
+        model,
+        "--data",
+        chat_dataset_path(),
+        "--out",
+        out,
+        "--max-samples",
+        total,
+        "--seq-length",
+        512,
+        "--quiet",
+    )
+    assert prep.returncode == 0, prep.stderr[-3000:]
+    args = [
+        sys.executable,
+        "-m",
+        "speculators_compat",
+        "extract",
+        "--out",
+        str(out),
+        "--batch-size",
+        "4",
+        "--dtype",
+        "float32",
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    states = out / "hidden_states"
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(states.glob("data_*.pt"))) < 12:
+        assert proc.poll() is None, "extraction ended before it could be killed"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the CLI and vLLM's workers, mid-way
+    proc.wait()
+    written = len(list(states.glob("data_*.pt")))
+    assert 12 <= written < total, written
+
+    again = cli("extract", "--out", out, "--batch-size", "4", "--dtype", "float32", "--quiet")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"extracted_now={total - written}" in again.stdout
+    assert sorted(int(p.stem[5:]) for p in states.glob("data_*.pt")) == list(range(total))
+    assert not [p for p in states.iterdir() if p.name.endswith(".partial")]
+
+    import datasets
+
+    prepared = datasets.load_from_disk(str(out / "prepared"))
+    for i in range(total):  # every file holds its own sample, none twice
+        sample = torch.load(states / f"data_{i}.pt", weights_only=True)
+        assert sample["input_ids"].tolist() == prepared[i]["input_ids"].tolist()
+    run = RunFolder(out)
+    assert check_against_reference(run, samples=3) <= TOLERANCE["float32"]

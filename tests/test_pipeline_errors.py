@@ -1,0 +1,208 @@
+"""Bad input: a clear error that says what to do (exit 2), and nothing already written lost."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from speculators_compat.tiny import build, chat_dataset_path
+from tests.pipeline_helpers import cli
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build("deepseek-v3-tiny", "float32")
+
+
+def _fails(proc, *needles):
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_model_path(tmp_path):
+    proc = cli(
+        "prepare", "--model", tmp_path / "nope", "--data", chat_dataset_path(), "--out", tmp_path / "r"
+    )
+    _fails(proc, "does not exist", "huggingface-cli download")
+
+
+def test_unreadable_config(tmp_path, model):
+    broken = tmp_path / "m"
+    shutil.copytree(model, broken)
+    (broken / "config.json").write_text("{not json")
+    proc = cli("prepare", "--model", broken, "--data", chat_dataset_path(), "--out", tmp_path / "r")
+    _fails(proc, "cannot read", "config.json")
+
+
+def test_config_without_layer_counts(tmp_path, model):
+    broken = tmp_path / "m"
+    shutil.copytree(model, broken)
+    config = json.loads((broken / "config.json").read_text())
+    del config["num_hidden_layers"]
+    (broken / "config.json").write_text(json.dumps(config))
+    proc = cli("prepare", "--model", broken, "--data", chat_dataset_path(), "--out", tmp_path / "r")
+    _fails(proc, "num_hidden_layers", "how many decoder layers")
+
+
+def test_empty_dataset(tmp_path, model):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    proc = cli("prepare", "--model", model, "--data", empty, "--out", tmp_path / "r")
+    _fails(proc, "empty.jsonl")
+
+
+def test_dataset_without_assistant_turns(tmp_path, model):
+    data = tmp_path / "users.jsonl"
+    rows = [{"conversations": [{"from": "human", "value": f"question {i}"}]} for i in range(5)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    proc = cli("prepare", "--model", model, "--data", data, "--out", tmp_path / "r")
+    _fails(proc, "assistant turn")
+
+
+def test_long_sequences_are_truncated_counted_and_reported(tmp_path, model):
+    out = tmp_path / "r"
+    proc = cli(
+        "prepare",
+        "--model",
+        model,
+        "--data",
+        chat_dataset_path(),
+        "--out",
+        out,
+        "--max-samples",
+        30,
+        "--seq-length",
+        64,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    facts = json.loads((out / "run.json").read_text())["stages"]["prepare"]
+    assert facts["truncated"] > 0
+    assert f"truncated={facts['truncated']}" in proc.stdout
+    assert "were truncated" in proc.stderr
+    import datasets
+
+    assert max(len(r["input_ids"]) for r in datasets.load_from_disk(str(out / "prepared"))) == 64
+
+
+def test_layer_ids_out_of_range_before_any_engine(tmp_path, model):
+    out = tmp_path / "r"
+    assert (
+        cli(
+            "prepare",
+            "--model",
+            model,
+            "--data",
+            chat_dataset_path(),
+            "--out",
+            out,
+            "--max-samples",
+            5,
+            "--seq-length",
+            64,
+        ).returncode
+        == 0
+    )
+    proc = cli("extract", "--out", out, "--layer-ids", "1,2,3,9")
+    _fails(proc, "out of range", "0..5")
+    assert not list((out / "hidden_states").glob("data_*.pt")) if (out / "hidden_states").exists() else True
+    # and a run folder keeps what it has: prepare's output is still there
+    assert (out / "prepared").is_dir()
+
+
+def test_a_folder_with_another_run_is_refused_then_resumed_or_overwritten(tmp_path, model):
+    out = tmp_path / "r"
+    first = cli(
+        "prepare",
+        "--model",
+        model,
+        "--data",
+        chat_dataset_path(),
+        "--out",
+        out,
+        "--max-samples",
+        5,
+        "--seq-length",
+        64,
+    )
+    assert first.returncode == 0
+    before = (out / "token_freq.pt").read_bytes()
+    other = cli(
+        "prepare",
+        "--model",
+        model,
+        "--data",
+        chat_dataset_path(),
+        "--out",
+        out,
+        "--max-samples",
+        7,
+        "--seq-length",
+        64,
+    )
+    _fails(other, "different run", "max_samples", "--resume", "--overwrite")
+    assert (out / "token_freq.pt").read_bytes() == before  # nothing lost
+    resumed = cli(
+        "prepare",
+        "--model",
+        model,
+        "--data",
+        chat_dataset_path(),
+        "--out",
+        out,
+        "--max-samples",
+        7,
+        "--seq-length",
+        64,
+        "--resume",
+    )
+    assert resumed.returncode == 0 and "samples=5" in resumed.stdout  # the folder's own settings
+    overwritten = cli(
+        "prepare",
+        "--model",
+        model,
+        "--data",
+        chat_dataset_path(),
+        "--out",
+        out,
+        "--max-samples",
+        7,
+        "--seq-length",
+        64,
+        "--overwrite",
+    )
+    assert overwritten.returncode == 0 and "samples=7" in overwritten.stdout
+
+
+def test_a_foreign_folder_is_never_touched(tmp_path, model):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    proc = cli("prepare", "--model", model, "--data", chat_dataset_path(), "--out", out, "--overwrite")
+    _fails(proc, "holds no speculators-compat run")
+    assert (out / "notes.txt").read_text() == "keep me" and len(list(out.iterdir())) == 1
+
+
+def test_a_later_stage_before_its_input_says_what_to_run(tmp_path, model):
+    out = tmp_path / "r"
+    assert (
+        cli(
+            "prepare",
+            "--model",
+            model,
+            "--data",
+            chat_dataset_path(),
+            "--out",
+            out,
+            "--max-samples",
+            5,
+            "--seq-length",
+            64,
+        ).returncode
+        == 0
+    )
+    proc = cli("train", "--out", out)
+    _fails(proc, "needs the output of extract", "speculators-compat extract")
