@@ -60,3 +60,26 @@ def run_generator(
             f"no result line ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     return json.loads(lines[-1])
+
+
+def run_draft(mode: str, disable: str = "", timeout: float = 600) -> dict:
+    """tests/shims/run_draft.py MODE in a fresh process, with ``disable``d shims."""
+    from pathlib import Path
+
+    env = {**os.environ, "SPECULATORS_COMPAT_DISABLE": disable}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.shims.run_draft", mode],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=Path(__file__).parents[1],
+    )
+    # (transformers' remote-code prompt may precede the line without a newline)
+    lines = [line[line.index('{"ok"') :] for line in proc.stdout.splitlines() if '{"ok"' in line]
+    if not lines:
+        raise AssertionError(
+            f"no result line ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return json.loads(lines[-1])

@@ -14,7 +14,9 @@ as ``tie_word_embeddings`` defaults to true: ``size mismatch for weight: copying
 shape torch.Size([32000, H]) from checkpoint, the shape in current model is torch.Size([V, H])``.
 
 The shim lets the constructor accept the two keywords, builds the draft's parameters on the
-CPU (transformers then loads the saved weights into them) and unties the two. The draft always attaches in
+CPU (transformers then loads the saved weights into them), unties the two, and keeps
+transformers from re-initialising ``verifier_lm_head`` (not saved, read from the verifier) at
+random. The draft always attaches in
 ``train_only`` mode (only the verifier's embeddings and LM head, read from the checkpoint its
 config names), which is what it does when built for training; a verifier passed explicitly is
 ignored with a warning rather than silently.
@@ -63,6 +65,9 @@ def patch():
             original(self, config, *args, **kwargs)
         finally:
             torch.nn.Module.register_parameter = swapped
+        # Not in the checkpoint (speculators does not save it) but read from the verifier just
+        # now: transformers must not re-initialise it as a "missing" weight.
+        self.verifier_lm_head._is_hf_initialized = True
 
     return replace_attr(cls, "__init__", __init__, NAME)
 
