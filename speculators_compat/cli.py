@@ -175,9 +175,10 @@ def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
     sys.exit(0 if ok else 1)
 
 
-from .pipeline.commands import register  # noqa: E402
+from .pipeline.commands import register, register_preflight  # noqa: E402
 
 register(main)
+register_preflight(main)
 
 if __name__ == "__main__":
     main()

@@ -306,3 +306,50 @@ def register(main) -> None:
         if worst > TOLERANCE["float32"]:
             click.secho("FAIL: extracted states differ from the reference forward", fg="red")
             sys.exit(1)
+
+
+def register_preflight(main) -> None:
+    @main.command()
+    @click.option(
+        "--config",
+        "config",
+        type=click.Path(path_type=Path),
+        required=True,
+        help="A real model's config.json (no weights needed).",
+    )
+    @click.option(
+        "--out",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Keep the shrunken model's run here (default: a temporary folder).",
+    )
+    @click.option(
+        "--samples", default=4, show_default=True, help="Conversations to extract (one training step)."
+    )
+    @_guard
+    def preflight(config, out, samples):
+        """Shrink a real model's config to a random tiny model of the same architecture and class
+        path, then run extraction and one training step through the code the real run uses.
+
+        Prints what changed, what ran (with each step's real error if it failed) and the shims
+        applied; exits 1 when a step failed."""
+        from ..preflight import run_preflight
+
+        _logging(quiet=True)
+        t0 = time.perf_counter()
+        report = run_preflight(config, out=out, samples=samples)
+        for warning in report.shrunk.warnings:
+            click.secho(f"warning: {warning}", fg="yellow")
+        click.echo(
+            f"architecture {report.shrunk.recipe['architecture']}; shrunk: "
+            + "; ".join(report.shrunk.changes)
+        )
+        for s in report.steps:
+            mark = "ok    " if s.ok else "FAILED"
+            click.echo(f"  {mark} {s.name:<17} {s.seconds:6.1f} s  {s.detail if s.ok else ''}")
+            if not s.ok:
+                click.echo("         " + s.detail.replace("\n", "\n         "))
+        click.echo(f"  {environment_line(with_shims=False)}")
+        click.echo(f"  shims applied: {', '.join(report.shims) or 'none'}")
+        click.echo(f"{'OK' if report.ok else 'FAIL'}: preflight in {time.perf_counter() - t0:.1f} s")
+        sys.exit(0 if report.ok else 1)

@@ -23,7 +23,15 @@ from pathlib import Path
 from . import chat
 from .tokenizer import STYLES, build_tokenizer
 
-__all__ = ["BUILDER_VERSION", "build", "cache_root", "fixtures_dir", "list_recipes", "load_recipe"]
+__all__ = [
+    "BUILDER_VERSION",
+    "build",
+    "build_recipe",
+    "cache_root",
+    "fixtures_dir",
+    "list_recipes",
+    "load_recipe",
+]
 
 #: Bump when the builder's output changes for an unchanged recipe (it is part of the cache key).
 BUILDER_VERSION = 1
@@ -71,10 +79,16 @@ def cache_root() -> Path:
     return base / "fixtures"
 
 
+def _base(recipe: dict) -> dict:
+    """A wrapper recipe's text-model recipe: named (a shipped recipe) or given inline."""
+    base = recipe["base"]
+    return base if isinstance(base, dict) else load_recipe(base)
+
+
 def _resolved(recipe: dict) -> dict:
     """The recipe with its base recipe (for wrappers) inlined: what the cache key hashes."""
     if "base" in recipe:
-        return {**recipe, "base": _resolved(load_recipe(recipe["base"]))}
+        return {**recipe, "base": _resolved(_base(recipe))}
     return recipe
 
 
@@ -109,7 +123,14 @@ def cache_key(recipe: dict, dtype: str) -> str:
 
 def build(name: str, dtype: str | None = None, *, out_dir: Path | None = None, force: bool = False) -> Path:
     """Build (or reuse from the cache) the checkpoint for recipe ``name``; return its folder."""
-    recipe = load_recipe(name)
+    return build_recipe(load_recipe(name), dtype, out_dir=out_dir, force=force)
+
+
+def build_recipe(
+    recipe: dict, dtype: str | None = None, *, out_dir: Path | None = None, force: bool = False
+) -> Path:
+    """:func:`build` for a recipe given as a dict (e.g. one derived from a real config)."""
+    name = recipe["name"]
     dtype = dtype or recipe["dtypes"][0]
     if dtype not in recipe["dtypes"]:
         raise ValueError(f"recipe {name!r} offers dtypes {recipe['dtypes']}, not {dtype!r}")
@@ -139,7 +160,7 @@ def _materialise(recipe: dict, dtype: str, out: Path) -> None:
     elif kind == "kimi-k25":
         from .kimi import build_kimi_k25
 
-        build_kimi_k25(recipe, load_recipe(recipe["base"]), dtype, out)
+        build_kimi_k25(recipe, _base(recipe), dtype, out)
     else:
         raise ValueError(f"recipe {recipe['name']!r}: unknown kind {kind!r}")
     (out / "recipe.json").write_text(json.dumps(_resolved(recipe), indent=2, sort_keys=True) + "\n")
