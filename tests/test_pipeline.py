@@ -165,3 +165,55 @@ def test_sigkill_during_extraction_loses_and_duplicates_nothing(tmp_path):
         assert sample["input_ids"].tolist() == prepared[i]["input_ids"].tolist()
     run = RunFolder(out)
     assert check_against_reference(run, samples=3) <= TOLERANCE["float32"]
+
+
+def test_torchrun_two_processes_on_cpu(demo_run, tmp_path):
+    """speculators' distributed path (FSDP2, DistributedCheckpointer) with gloo, 2 ranks."""
+    import shutil
+
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    run, _ = demo_run
+    out = tmp_path / "run"
+    shutil.copytree(run.root, out, ignore=shutil.ignore_patterns("checkpoints", "train_metrics.jsonl"))
+    manifest = json.loads((out / "run.json").read_text())
+    manifest["stages"].pop("train")
+    (out / "run.json").write_text(json.dumps(manifest))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "speculators_compat",
+            "train",
+            "--out",
+            str(out),
+            "--epochs",
+            "2",
+            "--lr",
+            "1e-3",
+            "--total-seq-len",
+            "1024",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert proc.stdout.count("run folder") == 1  # rank 0 reports
+    assert "distributed_cpu" in proc.stdout
+    losses = [
+        json.loads(x)["train"]["loss"]
+        for x in (out / "train_metrics.jsonl").read_text().splitlines()
+        if '"train"' in x
+    ]
+    assert len(losses) >= 4 and losses[-1] < losses[0], losses
+    d2t = torch.from_numpy(np.load(out / "vocab" / "d2t.npy"))
+    t2d = torch.from_numpy(np.load(out / "vocab" / "t2d.npy"))
+    model = Eagle3DraftModel.from_pretrained(str(out / "checkpoints" / "1"), t2d=t2d, d2t=d2t)
+    assert model.fc.weight.shape == (128, 3 * 128)

@@ -188,7 +188,12 @@ def _guard(f):
 
 
 def _summary(run: RunFolder, reports: list[StageReport], total: float) -> None:
+    import os
+
     from ..registry import applied
+
+    if os.environ.get("RANK", "0") != "0":
+        return  # under torchrun, rank 0 reports
 
     click.echo("")
     click.echo(f"run folder  {run.root}")

@@ -204,6 +204,10 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
         metrics.removeHandler(handler)
         metrics.propagate = propagate
         bar.close()
+        if distributed:
+            import torch.distributed as dist
+
+            dist.barrier()  # every rank done (and the checkpoint written) before teardown
         maybe_destroy_distributed()
     last = max((int(p.name) for p in run.checkpoints.iterdir() if p.name.isdigit()), default=None)
     if last is None:

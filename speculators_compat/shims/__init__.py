@@ -23,6 +23,7 @@
 | training_target_final_norm | all | targets miss the verifier's final norm |
 | draft_from_pretrained | all | a saved draft does not load: unexpected keyword argument 'verifier' |
 | draft_eager_on_cpu | all, CPU | InductorError: IndexError: tuple index out of range (training on CPU) |
+| distributed_cpu | all, CPU | torchrun training on CPU: "Found no NVIDIA driver" (accelerator-only setup) |
 | checkpointer_cpu | all, CPU | resuming training on CPU: checkpoint loaded onto cuda:0 |
 
 Each module defines ``SHIM`` (a :class:`~speculators_compat.registry.Shim`); its test lives in
@@ -38,6 +39,7 @@ from . import (
     collective_rpc_unique_reply,
     cpu_moe_activation_config,
     cpu_rms_norm_strided,
+    distributed_cpu,
     draft_eager_on_cpu,
     draft_from_pretrained,
     draft_verifier_wrapper,
@@ -80,6 +82,7 @@ SHIMS: list[Shim] = [
     draft_from_pretrained.SHIM,
     draft_eager_on_cpu.SHIM,
     checkpointer_cpu.SHIM,
+    distributed_cpu.SHIM,
 ]
 
 BY_NAME: dict[str, Shim] = {s.name: s for s in SHIMS}
