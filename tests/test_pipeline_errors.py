@@ -206,3 +206,16 @@ def test_a_later_stage_before_its_input_says_what_to_run(tmp_path, model):
     )
     proc = cli("train", "--out", out)
     _fails(proc, "needs the output of extract", "speculators-compat extract")
+
+
+def test_prepare_reads_a_datasets_folder(tmp_path, model):
+    import datasets
+
+    folder = tmp_path / "chats"
+    datasets.load_dataset("json", data_files=str(chat_dataset_path()), split="train").select(
+        range(6)
+    ).save_to_disk(str(folder))
+    out = tmp_path / "r"
+    proc = cli("prepare", "--model", model, "--data", folder, "--out", out, "--seq-length", 128)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "samples=6" in proc.stdout
