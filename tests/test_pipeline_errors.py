@@ -219,3 +219,31 @@ def test_prepare_reads_a_datasets_folder(tmp_path, model):
     proc = cli("prepare", "--model", model, "--data", folder, "--out", out, "--seq-length", 128)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "samples=6" in proc.stdout
+
+
+def test_an_untested_vllm_is_named_and_the_probes_decide(tmp_path, model):
+    from tests.helpers import run_python
+
+    result = run_python(
+        f"""
+        import json, logging
+        from dataclasses import replace
+        from packaging.version import Version
+        import speculators_compat.versions as v
+        fake = replace(v.installed_versions(), vllm=Version("0.99.0"))
+        v.installed_versions = lambda: fake
+        records = []
+        logging.getLogger("speculators_compat").addHandler(logging.Handler())
+        logging.getLogger("speculators_compat").handlers[-1].emit = records.append
+        from speculators_compat.cli import main
+        try:
+            main(["prepare", "--model", {str(model)!r}, "--data", {str(chat_dataset_path())!r},
+                  "--out", {str(tmp_path / "r")!r}, "--max-samples", "3", "--seq-length", "64", "--quiet"],
+                 standalone_mode=False)
+        except SystemExit:
+            pass
+        print(json.dumps({{"warnings": [r.getMessage() for r in records if r.levelname == "WARNING"]}}))
+        """
+    )
+    assert any("vLLM 0.99.0 is outside the versions" in w for w in result["warnings"]), result
+    assert (tmp_path / "r" / "prepared").is_dir()  # and the stage still ran

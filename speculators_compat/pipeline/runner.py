@@ -49,6 +49,22 @@ def environment_line(with_shims: bool = True) -> str:
     return line
 
 
+def warn_if_untested() -> str | None:
+    """A vLLM outside the tested range: say so (the shims' probes still decide)."""
+    from ..registry import TESTED_VLLM
+    from ..versions import in_range, installed_versions
+
+    version = installed_versions().vllm
+    if version is None or in_range(version, TESTED_VLLM):
+        return None
+    message = (
+        f"vLLM {version} is outside the versions speculators_compat was tested on ({TESTED_VLLM}); "
+        "each shim's probe decides whether it applies (see `speculators-compat status`)"
+    )
+    log.warning(message)
+    return message
+
+
 def claim(run: RunFolder, s: RunSettings, *, resume: bool, overwrite: bool) -> dict:
     identity = {
         "model": str(Path(s.model).expanduser().resolve()) if s.model else None,
@@ -79,6 +95,7 @@ def run_stages(
             f"{run.root} has no run yet: start with `speculators-compat prepare --model M --data D "
             f"--out {run.root}` (or `run`)."
         )
+    warn_if_untested()
     info = inspect_model(settings["model"])
     seq_length = settings.get("seq_length", s.seq_length)
     layer_ids = settings.get("layer_ids") or info.default_layer_ids()
