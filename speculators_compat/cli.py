@@ -175,6 +175,30 @@ def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
     sys.exit(0 if ok else 1)
 
 
+@main.command()
+def doctor() -> None:
+    """Check every vLLM API point speculators 0.3.0 and the shims use, without loading a model.
+
+    Per point: matches (what speculators expects), shimmed (drift a shim covers, named), UNCOVERED
+    (drift no shim covers, with the evidence) or absent (a model this vLLM does not ship). Exits 1
+    when anything is uncovered."""
+    from .doctor import ABSENT, MATCHES, SHIMMED, UNCOVERED, diagnose
+    from .versions import installed_versions
+
+    findings = diagnose()
+    v = installed_versions()
+    click.echo(f"vLLM {v.vllm}, speculators {v.speculators}, torch {v.torch}, transformers {v.transformers}")
+    width = max(len(f.point.name) for f in findings)
+    for f in findings:
+        detail = {MATCHES: "", ABSENT: f.evidence, SHIMMED: f"{', '.join(f.shims)}: {f.evidence}"}.get(
+            f.state, f"{f.evidence}  [speculators: {f.point.use}]"
+        )
+        click.echo(f"{f.point.name:<{width}}  {f.state:<9}  {detail}")
+    counts = {s: sum(f.state == s for f in findings) for s in (MATCHES, SHIMMED, UNCOVERED, ABSENT)}
+    click.echo(", ".join(f"{n} {s}" for s, n in counts.items()))
+    sys.exit(1 if counts[UNCOVERED] else 0)
+
+
 from .pipeline.commands import register, register_preflight  # noqa: E402
 
 register(main)

