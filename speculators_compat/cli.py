@@ -14,7 +14,7 @@ from . import __version__
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="speculators-compat")
 def main() -> None:
-    """Run speculators 0.3.0's EAGLE-3 data generation on the vLLM you have."""
+    """Run speculators 0.3.0's EAGLE-3 pipeline (data generation and draft training) on the vLLM you have."""
 
 
 @main.command()
