@@ -162,7 +162,7 @@ class Report:
         return all(s.ok for s in self.steps)
 
 
-def run_preflight(config_path: str | Path, *, out: Path | None = None, samples: int = 3) -> Report:
+def run_preflight(config_path: str | Path, *, out: Path | None = None, samples: int = 4) -> Report:
     """Build the shrunken model and run prepare, extract, vocab and one training step."""
     from .pipeline.layout import RunFolder
     from .pipeline.runner import RunSettings, claim, run_stages
