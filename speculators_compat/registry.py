@@ -230,6 +230,16 @@ def applied() -> list[str]:
 MARK = "__speculators_compat_shim__"
 
 
+def undo_all(undos: list[Undo]) -> Undo:
+    """One undo for several patches: undone in reverse order of applying."""
+
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+
+    return undo
+
+
 def replace_attr(owner: object, attr: str, new: object, shim: str) -> Undo:
     """Set ``owner.attr = new`` and return the exact undo. ``new`` remembers the original."""
     own = vars(owner) if hasattr(owner, "__dict__") else {}

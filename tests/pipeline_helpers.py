@@ -19,3 +19,10 @@ def cli(*args, env: dict[str, str] | None = None, timeout: float = 900) -> subpr
         timeout=timeout,
         cwd=ROOT,
     )
+
+
+def prepare(model, out, *args, data=None) -> subprocess.CompletedProcess:
+    """``speculators-compat prepare`` of ``model`` on the embedded chat data (or ``data``)."""
+    from speculators_compat.tiny import chat_dataset_path
+
+    return cli("prepare", "--model", model, "--data", data or chat_dataset_path(), "--out", out, *args)

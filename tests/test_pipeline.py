@@ -16,7 +16,7 @@ import torch
 from speculators_compat.pipeline.check import check_against_reference
 from speculators_compat.pipeline.layout import RunFolder
 from speculators_compat.reference import TOLERANCE
-from tests.pipeline_helpers import ROOT, cli
+from tests.pipeline_helpers import ROOT, cli, prepare
 
 SAMPLES = 40
 
@@ -105,18 +105,13 @@ def test_run_again_continues_and_skips_complete_stages(demo_run):
 
 
 def test_sigkill_during_extraction_loses_and_duplicates_nothing(tmp_path):
-    from speculators_compat.tiny import build, chat_dataset_path
+    from speculators_compat.tiny import build
 
     model = build("deepseek-v3-tiny", "float32")
     out = tmp_path / "run"
     total = 120
-    prep = cli(
-        "prepare",
-        "--model",
+    prep = prepare(
         model,
-        "--data",
-        chat_dataset_path(),
-        "--out",
         out,
         "--max-samples",
         total,

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from speculators_compat.tiny import build, chat_dataset_path
-from tests.pipeline_helpers import cli
+from tests.pipeline_helpers import cli, prepare
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +24,7 @@ def _fails(proc, *needles):
 
 
 def test_missing_model_path(tmp_path):
-    proc = cli(
-        "prepare", "--model", tmp_path / "nope", "--data", chat_dataset_path(), "--out", tmp_path / "r"
-    )
+    proc = prepare(tmp_path / "nope", tmp_path / "r")
     _fails(proc, "does not exist", "huggingface-cli download")
 
 
@@ -34,7 +32,7 @@ def test_unreadable_config(tmp_path, model):
     broken = tmp_path / "m"
     shutil.copytree(model, broken)
     (broken / "config.json").write_text("{not json")
-    proc = cli("prepare", "--model", broken, "--data", chat_dataset_path(), "--out", tmp_path / "r")
+    proc = prepare(broken, tmp_path / "r")
     _fails(proc, "cannot read", "config.json")
 
 
@@ -44,14 +42,14 @@ def test_config_without_layer_counts(tmp_path, model):
     config = json.loads((broken / "config.json").read_text())
     del config["num_hidden_layers"]
     (broken / "config.json").write_text(json.dumps(config))
-    proc = cli("prepare", "--model", broken, "--data", chat_dataset_path(), "--out", tmp_path / "r")
+    proc = prepare(broken, tmp_path / "r")
     _fails(proc, "num_hidden_layers", "how many decoder layers")
 
 
 def test_empty_dataset(tmp_path, model):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    proc = cli("prepare", "--model", model, "--data", empty, "--out", tmp_path / "r")
+    proc = prepare(model, tmp_path / "r", data=empty)
     _fails(proc, "empty.jsonl")
 
 
@@ -59,19 +57,14 @@ def test_dataset_without_assistant_turns(tmp_path, model):
     data = tmp_path / "users.jsonl"
     rows = [{"conversations": [{"from": "human", "value": f"question {i}"}]} for i in range(5)]
     data.write_text("\n".join(json.dumps(r) for r in rows))
-    proc = cli("prepare", "--model", model, "--data", data, "--out", tmp_path / "r")
+    proc = prepare(model, tmp_path / "r", data=data)
     _fails(proc, "assistant turn")
 
 
 def test_long_sequences_are_truncated_counted_and_reported(tmp_path, model):
     out = tmp_path / "r"
-    proc = cli(
-        "prepare",
-        "--model",
+    proc = prepare(
         model,
-        "--data",
-        chat_dataset_path(),
-        "--out",
         out,
         "--max-samples",
         30,
@@ -91,13 +84,8 @@ def test_long_sequences_are_truncated_counted_and_reported(tmp_path, model):
 def test_layer_ids_out_of_range_before_any_engine(tmp_path, model):
     out = tmp_path / "r"
     assert (
-        cli(
-            "prepare",
-            "--model",
+        prepare(
             model,
-            "--data",
-            chat_dataset_path(),
-            "--out",
             out,
             "--max-samples",
             5,
@@ -115,13 +103,8 @@ def test_layer_ids_out_of_range_before_any_engine(tmp_path, model):
 
 def test_a_folder_with_another_run_is_refused_then_resumed_or_overwritten(tmp_path, model):
     out = tmp_path / "r"
-    first = cli(
-        "prepare",
-        "--model",
+    first = prepare(
         model,
-        "--data",
-        chat_dataset_path(),
-        "--out",
         out,
         "--max-samples",
         5,
@@ -130,13 +113,8 @@ def test_a_folder_with_another_run_is_refused_then_resumed_or_overwritten(tmp_pa
     )
     assert first.returncode == 0
     before = (out / "token_freq.pt").read_bytes()
-    other = cli(
-        "prepare",
-        "--model",
+    other = prepare(
         model,
-        "--data",
-        chat_dataset_path(),
-        "--out",
         out,
         "--max-samples",
         7,
@@ -145,13 +123,8 @@ def test_a_folder_with_another_run_is_refused_then_resumed_or_overwritten(tmp_pa
     )
     _fails(other, "different run", "max_samples", "--resume", "--overwrite")
     assert (out / "token_freq.pt").read_bytes() == before  # nothing lost
-    resumed = cli(
-        "prepare",
-        "--model",
+    resumed = prepare(
         model,
-        "--data",
-        chat_dataset_path(),
-        "--out",
         out,
         "--max-samples",
         7,
@@ -160,13 +133,8 @@ def test_a_folder_with_another_run_is_refused_then_resumed_or_overwritten(tmp_pa
         "--resume",
     )
     assert resumed.returncode == 0 and "samples=5" in resumed.stdout  # the folder's own settings
-    overwritten = cli(
-        "prepare",
-        "--model",
+    overwritten = prepare(
         model,
-        "--data",
-        chat_dataset_path(),
-        "--out",
         out,
         "--max-samples",
         7,
@@ -181,7 +149,7 @@ def test_a_foreign_folder_is_never_touched(tmp_path, model):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
-    proc = cli("prepare", "--model", model, "--data", chat_dataset_path(), "--out", out, "--overwrite")
+    proc = prepare(model, out, "--overwrite")
     _fails(proc, "holds no speculators-compat run")
     assert (out / "notes.txt").read_text() == "keep me" and len(list(out.iterdir())) == 1
 
@@ -189,13 +157,8 @@ def test_a_foreign_folder_is_never_touched(tmp_path, model):
 def test_a_later_stage_before_its_input_says_what_to_run(tmp_path, model):
     out = tmp_path / "r"
     assert (
-        cli(
-            "prepare",
-            "--model",
+        prepare(
             model,
-            "--data",
-            chat_dataset_path(),
-            "--out",
             out,
             "--max-samples",
             5,
@@ -216,7 +179,7 @@ def test_prepare_reads_a_datasets_folder(tmp_path, model):
         range(6)
     ).save_to_disk(str(folder))
     out = tmp_path / "r"
-    proc = cli("prepare", "--model", model, "--data", folder, "--out", out, "--seq-length", 128)
+    proc = prepare(model, out, "--seq-length", 128, data=folder)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "samples=6" in proc.stdout
 

@@ -210,8 +210,12 @@ def _summary(run: RunFolder, reports: list[StageReport], total: float) -> None:
     click.echo(f"  total {total:.1f} s")
 
 
-def _stage_command(main, stage: str, stages: tuple[str, ...], doc: str):
-    @main.command(name=stage, help=doc)
+def _stage_command(main, name: str, stages: tuple[str, ...], doc: str):
+    """A command running ``stages``: one stage always (force), or the whole run (skipping what
+    is complete)."""
+    force = len(stages) == 1
+
+    @main.command(name=name, help=doc)
     @_common(stages)
     @_guard
     def command(out, resume, overwrite, quiet, **kw):
@@ -220,7 +224,7 @@ def _stage_command(main, stage: str, stages: tuple[str, ...], doc: str):
         s = _settings(kw)
         claim(run, s, resume=resume, overwrite=overwrite)
         t0 = time.perf_counter()
-        reports = run_stages(run, s, (stage,), force=True, progress=not quiet)
+        reports = run_stages(run, s, stages, force=force, progress=not quiet)
         _summary(run, reports, time.perf_counter() - t0)
 
     return command
@@ -247,18 +251,9 @@ def register(main) -> None:
         "Train the EAGLE-3 draft with speculators' trainer (single process, or under torchrun).",
     )
 
-    @main.command(name="run")
-    @_common(STAGES)
-    @_guard
-    def run_command(out, resume, overwrite, quiet, **kw):
-        """prepare -> extract -> vocab -> train; re-running continues where it stopped."""
-        _logging(quiet)
-        run = RunFolder(out)
-        s = _settings(kw)
-        claim(run, s, resume=resume, overwrite=overwrite)
-        t0 = time.perf_counter()
-        reports = run_stages(run, s, STAGES, progress=not quiet)
-        _summary(run, reports, time.perf_counter() - t0)
+    _stage_command(
+        main, "run", STAGES, "prepare -> extract -> vocab -> train; re-running continues where it stopped."
+    )
 
     @main.command()
     @click.option(

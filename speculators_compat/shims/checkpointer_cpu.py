@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import types
 
-from ..registry import Shim, replace_attr
+from ..registry import Shim, replace_attr, undo_all
 from ._targets import CHECKPOINTER, module
 
 NAME = "checkpointer_cpu"
@@ -50,14 +50,12 @@ def patch():
     def load_safetensors_state_dict(path, device):
         return original(path, _cpu_if_cuda(device))
 
-    undo_load = replace_attr(ckpt, "load_safetensors_state_dict", load_safetensors_state_dict, NAME)
-    undo_torch = replace_attr(ckpt, "torch", _TorchLoadOnCpu(ckpt.torch), NAME)
-
-    def undo():
-        undo_torch()
-        undo_load()
-
-    return undo
+    return undo_all(
+        [
+            replace_attr(ckpt, "load_safetensors_state_dict", load_safetensors_state_dict, NAME),
+            replace_attr(ckpt, "torch", _TorchLoadOnCpu(ckpt.torch), NAME),
+        ]
+    )
 
 
 SHIM = Shim(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import os
 
-from ..registry import Shim, replace_attr
+from ..registry import Shim, replace_attr, undo_all
 from ._targets import TRAIN_UTILS, inherited, module
 
 NAME = "distributed_cpu"
@@ -71,18 +71,14 @@ def patch():
             self.checkpointer.load_model_state_dict(self.model)
         return None
 
-    undos = [
-        replace_attr(utils, "maybe_setup_distributed", maybe_setup_distributed, NAME),
-        replace_attr(utils, "apply_fully_sharded", apply_fully_sharded, NAME),
-        replace_attr(trainer, "apply_fully_sharded", apply_fully_sharded, NAME),
-        replace_attr(trainer.Trainer, "setup_model", setup_model, NAME),
-    ]
-
-    def undo():
-        for u in reversed(undos):
-            u()
-
-    return undo
+    return undo_all(
+        [
+            replace_attr(utils, "maybe_setup_distributed", maybe_setup_distributed, NAME),
+            replace_attr(utils, "apply_fully_sharded", apply_fully_sharded, NAME),
+            replace_attr(trainer, "apply_fully_sharded", apply_fully_sharded, NAME),
+            replace_attr(trainer.Trainer, "setup_model", setup_model, NAME),
+        ]
+    )
 
 
 SHIM = Shim(

@@ -21,7 +21,7 @@ import inspect
 import json
 from pathlib import Path
 
-from ..registry import Shim, replace_attr
+from ..registry import Shim, replace_attr, undo_all
 from ._targets import DRAFT, module
 
 NAME = "draft_verifier_wrapper"
@@ -93,14 +93,12 @@ def patch():
         found = original_load([prefix + n for n in layer_names], model_path)
         return {name[len(prefix) :]: tensor for name, tensor in found.items()}
 
-    undo_config = replace_attr(draft, "AutoConfig", _VerifierConfigLoader(draft.AutoConfig), NAME)
-    undo_load = replace_attr(draft, "load_model_layers", load_model_layers, NAME)
-
-    def undo():
-        undo_load()
-        undo_config()
-
-    return undo
+    return undo_all(
+        [
+            replace_attr(draft, "AutoConfig", _VerifierConfigLoader(draft.AutoConfig), NAME),
+            replace_attr(draft, "load_model_layers", load_model_layers, NAME),
+        ]
+    )
 
 
 SHIM = Shim(

@@ -21,7 +21,7 @@ gate, or Llama's base model lacks ``get_input_embeddings``.
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
+from ..registry import Shim, replace_attr, undo_all
 from ._targets import WORKER, module
 
 NAME = "hidden_states_capture"
@@ -92,13 +92,7 @@ _METHODS = {
 
 def patch():
     ext = module(WORKER).HiddenStatesWorkerExtension
-    undos = [replace_attr(ext, name, func, NAME) for name, func in _METHODS.items()]
-
-    def undo():
-        for u in reversed(undos):
-            u()
-
-    return undo
+    return undo_all([replace_attr(ext, name, func, NAME) for name, func in _METHODS.items()])
 
 
 SHIM = Shim(
