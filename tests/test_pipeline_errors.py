@@ -16,6 +16,11 @@ def model():
     return build("deepseek-v3-tiny", "float32")
 
 
+def _small_run(model, out, samples: int, *args):
+    """prepare ``samples`` embedded conversations of at most 64 tokens into ``out``."""
+    return prepare(model, out, "--max-samples", samples, "--seq-length", 64, *args)
+
+
 def _fails(proc, *needles):
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     for needle in needles:
@@ -63,14 +68,7 @@ def test_dataset_without_assistant_turns(tmp_path, model):
 
 def test_long_sequences_are_truncated_counted_and_reported(tmp_path, model):
     out = tmp_path / "r"
-    proc = prepare(
-        model,
-        out,
-        "--max-samples",
-        30,
-        "--seq-length",
-        64,
-    )
+    proc = _small_run(model, out, 30)
     assert proc.returncode == 0, proc.stderr[-3000:]
     facts = json.loads((out / "run.json").read_text())["stages"]["prepare"]
     assert facts["truncated"] > 0
@@ -83,65 +81,25 @@ def test_long_sequences_are_truncated_counted_and_reported(tmp_path, model):
 
 def test_layer_ids_out_of_range_before_any_engine(tmp_path, model):
     out = tmp_path / "r"
-    assert (
-        prepare(
-            model,
-            out,
-            "--max-samples",
-            5,
-            "--seq-length",
-            64,
-        ).returncode
-        == 0
-    )
+    assert _small_run(model, out, 5).returncode == 0
     proc = cli("extract", "--out", out, "--layer-ids", "1,2,3,9")
     _fails(proc, "out of range", "0..5")
-    assert not list((out / "hidden_states").glob("data_*.pt")) if (out / "hidden_states").exists() else True
+    assert not list((out / "hidden_states").glob("data_*.pt"))
     # and a run folder keeps what it has: prepare's output is still there
     assert (out / "prepared").is_dir()
 
 
 def test_a_folder_with_another_run_is_refused_then_resumed_or_overwritten(tmp_path, model):
     out = tmp_path / "r"
-    first = prepare(
-        model,
-        out,
-        "--max-samples",
-        5,
-        "--seq-length",
-        64,
-    )
+    first = _small_run(model, out, 5)
     assert first.returncode == 0
     before = (out / "token_freq.pt").read_bytes()
-    other = prepare(
-        model,
-        out,
-        "--max-samples",
-        7,
-        "--seq-length",
-        64,
-    )
+    other = _small_run(model, out, 7)
     _fails(other, "different run", "max_samples", "--resume", "--overwrite")
     assert (out / "token_freq.pt").read_bytes() == before  # nothing lost
-    resumed = prepare(
-        model,
-        out,
-        "--max-samples",
-        7,
-        "--seq-length",
-        64,
-        "--resume",
-    )
+    resumed = _small_run(model, out, 7, "--resume")
     assert resumed.returncode == 0 and "samples=5" in resumed.stdout  # the folder's own settings
-    overwritten = prepare(
-        model,
-        out,
-        "--max-samples",
-        7,
-        "--seq-length",
-        64,
-        "--overwrite",
-    )
+    overwritten = _small_run(model, out, 7, "--overwrite")
     assert overwritten.returncode == 0 and "samples=7" in overwritten.stdout
 
 
@@ -156,17 +114,7 @@ def test_a_foreign_folder_is_never_touched(tmp_path, model):
 
 def test_a_later_stage_before_its_input_says_what_to_run(tmp_path, model):
     out = tmp_path / "r"
-    assert (
-        prepare(
-            model,
-            out,
-            "--max-samples",
-            5,
-            "--seq-length",
-            64,
-        ).returncode
-        == 0
-    )
+    assert _small_run(model, out, 5).returncode == 0
     proc = cli("train", "--out", out)
     _fails(proc, "needs the output of extract", "speculators-compat extract")
 
