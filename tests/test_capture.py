@@ -9,12 +9,15 @@ with padding rows after the real ones.
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from speculators_compat.capture import CaptureState
+from speculators_compat.capture import CaptureState, unpack_states
+from tests.helpers import run_python
 
 
 class _Layer(torch.nn.Module):
@@ -57,9 +60,19 @@ def schedules(draw):
     return lengths, steps
 
 
+def _take(capture: CaptureState, req_ids: list[str], via: str) -> dict:
+    if via == "packed":  # as the worker sends them and the driver reads them
+        return unpack_states(pickle.loads(pickle.dumps(capture.take_packed(req_ids), protocol=5)))
+    return capture.take(req_ids)
+
+
 @settings(max_examples=200, deadline=None)
-@given(schedules(), st.lists(st.integers(0, 5), min_size=1, max_size=4, unique=True))
-def test_every_request_gets_exactly_its_tokens_in_order(schedule, layer_ids):
+@given(
+    schedules(),
+    st.lists(st.integers(0, 5), min_size=1, max_size=4, unique=True),
+    st.sampled_from(["take", "packed"]),
+)
+def test_every_request_gets_exactly_its_tokens_in_order(schedule, layer_ids, via):
     lengths, steps = schedule
     model = _Toy(6)
     capture = CaptureState(model, layer_ids)
@@ -74,12 +87,51 @@ def test_every_request_gets_exactly_its_tokens_in_order(schedule, layer_ids):
         else:
             model(rows)
         capture.end_step([req_ids[i] for i, _, _ in step], {req_ids[i]: take for i, _, take in step})
-    states = capture.take(req_ids)
+    states = _take(capture, req_ids, via)
     for i, n in enumerate(lengths):
         for pos, layer in enumerate(sorted(set(layer_ids))):
             expected = torch.arange(n, dtype=torch.float32) + i * 100 + 1000.0 * layer
             assert torch.equal(states[req_ids[i]][pos][:, 0], expected)
     assert capture.take(req_ids) == {}  # taken once
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.integers(1, 300), min_size=1, max_size=6),
+    st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    st.integers(1, 64),
+)
+def test_packed_states_round_trip_bit_for_bit_and_each_request_owns_its_storage(lengths, dtype, hidden):
+    capture = CaptureState(_Toy(2), [0, 1])
+    req_ids = [f"req_0_{i}" for i in range(len(lengths))]
+    counts = dict(zip(req_ids, lengths, strict=True))
+    sent = {r: [torch.randn(n, hidden).to(dtype) for _ in range(2)] for r, n in counts.items()}
+    capture.begin_step()
+    for pos in range(2):  # each request's rows filed as the worker files them, in one step
+        capture.step[pos].append(torch.cat([sent[r][pos] for r in req_ids]))
+    capture.end_step(req_ids, counts)
+
+    packed = capture.take_packed([*req_ids, "never_scheduled"])
+    assert packed["req_ids"] == req_ids
+    received = unpack_states(pickle.loads(pickle.dumps(packed, protocol=5)))
+    for r in req_ids:
+        for got, want in zip(received[r], sent[r], strict=True):
+            assert got.dtype == dtype and torch.equal(got, want)
+            # torch.save of one sample writes its own rows, not the whole batch
+            assert got.untyped_storage().nbytes() == got.numel() * got.element_size()
+    assert capture.requests == {}
+
+
+def test_a_large_layer_leaves_the_pickle_stream_out_of_band():
+    """vLLM's message queue sends pickle-5 buffers of 1 MiB or more without copying them."""
+    capture = CaptureState(_Toy(1), [0])
+    capture.begin_step()
+    capture.step[0].append(torch.randn(2048, 256))  # 2 MiB of float32
+    capture.end_step(["a", "b"], {"a": 1000, "b": 1048})
+    buffers = []
+    stream = pickle.dumps(capture.take_packed(["a", "b"]), protocol=5, buffer_callback=buffers.append)
+    assert len(stream) < 4096
+    assert [b.raw().nbytes for b in buffers] == [2048 * 256 * 4]
 
 
 def test_out_of_range_layer_ids_name_the_valid_range():
@@ -92,3 +144,44 @@ def test_a_step_without_captured_rows_is_an_error_not_a_silent_gap():
     capture.begin_step()
     with pytest.raises(RuntimeError, match="no hidden states were captured for layer 1"):
         capture.end_step(["a"], {"a": 4})
+
+
+_HEAP = """
+import json, psutil, torch
+from speculators_compat.capture import _malloc_trim, release_free_memory
+if _malloc_trim() is None:
+    print(json.dumps({"glibc": False}), flush=True)
+    raise SystemExit
+# 256 MiB in 64 KiB tensors (under glibc's mmap threshold: they come from the heap), all freed
+# but the last, which pins the heap's top so that free() alone cannot shrink it.
+chunks = [torch.ones(16384) for _ in range(4096)]
+last = chunks[-1]
+del chunks
+rss = psutil.Process().memory_info().rss
+release_free_memory()
+print(json.dumps({"glibc": True, "freed": rss - psutil.Process().memory_info().rss}), flush=True)
+"""
+
+
+def test_release_free_memory_gives_freed_heap_pages_back():
+    out = run_python(_HEAP)
+    if not out["glibc"]:
+        pytest.skip("not glibc: release_free_memory does nothing here")
+    assert out["freed"] > 128 * 2**20, out
+
+
+def test_memory_is_released_once_per_budget_of_states_taken(monkeypatch):
+    import speculators_compat.capture as capture_module
+
+    calls = []
+    monkeypatch.setattr(capture_module, "release_free_memory", lambda: calls.append(1))
+    monkeypatch.setattr(capture_module, "RELEASE_EVERY_BYTES", 3 * 4096)
+    capture = CaptureState(_Toy(1), [0])
+    for batch in range(7):  # 4 KiB of float32 states per batch
+        capture.release_memory_now_and_then()
+        capture.begin_step()
+        capture.step[0].append(torch.zeros(8, 128))
+        capture.end_step([f"r{batch}"], {f"r{batch}": 8})
+        capture.take_packed([f"r{batch}"])
+    assert len(calls) == 2  # before batches 3 and 6 (0-based), after 12 KiB each time
+    assert capture.taken_since_release == 4096

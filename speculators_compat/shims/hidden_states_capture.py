@@ -78,8 +78,10 @@ def _get_captured_states(self):
 
 
 def _compat_take_states(self, req_ids):
-    """Per-request states: {req_id: [tensor per captured layer]} (rank 0), None elsewhere."""
-    return self._compat_capture.take(list(req_ids)) if self._compat_capture.enabled else None
+    """The requests' states packed for the driver (``capture.unpack_states``) on rank 0, else None."""
+    capture = self._compat_capture
+    capture.release_memory_now_and_then()  # earlier batches' buffers are freed by now
+    return capture.take_packed(list(req_ids)) if capture.enabled else None
 
 
 _METHODS = {

@@ -42,6 +42,8 @@ def _unwrap(reply):
 
 
 def generate(self, token_ids):
+    from ..capture import unpack_states
+
     gen = module(GENERATOR)
     torch = gen.torch
     if isinstance(token_ids, torch.Tensor):
@@ -95,11 +97,11 @@ def generate(self, token_ids):
         self.scheduler.update_from_output(scheduler_output, output)
         steps += 1
 
-    by_request = _unwrap(
-        self.executor.collective_rpc("_compat_take_states", args=(req_ids,), unique_reply_rank=0)
-    )
-    if by_request is None:
+    rpc = self.executor.collective_rpc
+    packed = _unwrap(rpc("_compat_take_states", args=(req_ids,), unique_reply_rank=0))
+    if packed is None:
         raise RuntimeError("the rank-0 worker returned no hidden states")
+    by_request = unpack_states(packed)
     log.debug("%d sequences in %d scheduler steps", len(sequences), steps)
 
     results = []
