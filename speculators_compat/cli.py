@@ -29,14 +29,14 @@ def versions() -> None:
 @main.command()
 def status() -> None:
     """Apply the shims to the installed vLLM and speculators and print what each one did."""
-    from .registry import TESTED_VLLM, apply_now
+    from .registry import TESTED_VLLM_TEXT, apply_now
     from .versions import installed_versions
 
     rows = apply_now()
     v = installed_versions()
     click.echo(
         f"vLLM {v.vllm}, speculators {v.speculators}, torch {v.torch}, "
-        f"transformers {v.transformers} (tested vLLM range: {TESTED_VLLM})"
+        f"transformers {v.transformers} (tested vLLM releases: {TESTED_VLLM_TEXT})"
     )
     width = max(len(r.shim.name) for r in rows)
     click.echo(f"{'shim':<{width}}  {'state':<10}  {'vLLM range':<14}  why")

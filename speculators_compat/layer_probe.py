@@ -43,6 +43,8 @@ class VllmLayerProbe:
             raise RuntimeError("VllmLayerProbe needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (in-process engine)")
         from vllm import LLM
 
+        from .shims.cpu_attention_block_size import cpu_block_size
+
         kwargs = dict(
             model=str(model_dir),
             dtype=dtype,
@@ -50,9 +52,10 @@ class VllmLayerProbe:
             enable_prefix_caching=False,  # every token's states must be computed
             max_model_len=1024,
             max_num_seqs=8,
-            # As speculators 0.3.0 uses; with bf16, the CPU default (128) selects an AMX attention
-            # kernel these CPU builds lack ("Unsupported CPU attention configuration").
-            block_size=16,
+            # As speculators 0.3.0 uses (16; 32 where the CPU kernels take no less); with bf16,
+            # the CPU default (128) selects an AMX attention kernel these CPU builds lack
+            # ("Unsupported CPU attention configuration").
+            block_size=cpu_block_size(),
             seed=0,
             trust_remote_code=True,  # local fixtures; Kimi-K2.5 ships its tokenizer as remote code
         )

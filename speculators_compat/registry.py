@@ -35,7 +35,15 @@ ACTIVE_ENV = "SPECULATORS_COMPAT_ACTIVE"
 
 SUPPORTED_SPECULATORS = SpecifierSet("==0.3.*")
 SUPPORTED_VLLM = SpecifierSet(">=0.11")
-TESTED_VLLM = SpecifierSet(">=0.11,<0.17")
+#: The vLLM releases the test matrix runs (tox.ini): 0.11 to 0.17, and 0.32.
+TESTED_VLLM = (SpecifierSet(">=0.11,<0.18"), SpecifierSet("==0.32.*"))
+TESTED_VLLM_TEXT = "0.11-0.17, 0.32"
+
+
+def is_tested(version) -> bool:
+    """``version`` is a vLLM release the test matrix runs."""
+    return any(in_range(version, spec) for spec in TESTED_VLLM)
+
 
 Undo = Callable[[], None]
 
@@ -58,6 +66,8 @@ class Shim:
     platform: str | None = None
     #: Other shims whose patches this one builds on.
     requires: tuple[str, ...] = field(default=())
+    #: transformers versions the drift needs too (None: any), a packaging specifier.
+    transformers: str | None = None
 
 
 @dataclass
@@ -110,8 +120,9 @@ def _check_versions() -> str:
     return _version_gate
 
 
-def _apply(shim: Shim) -> Status:
-    """Apply one shim if it is needed, once. Called from the post-import hook."""
+def _apply(shim: Shim, absent: str | None = None) -> Status:
+    """Apply one shim if it is needed, once. Called from the post-import hook (and by
+    ``apply_now`` with ``absent``, the reason its hook module cannot be imported)."""
     with _lock:
         current = _status.get(shim.name)
         if not _active or (current is not None and current.state != "pending"):
@@ -124,12 +135,14 @@ def _apply(shim: Shim) -> Status:
             return _set(shim, "disabled", f"listed in ${DISABLE_ENV}")
         if not _platform_matches(shim):
             return _set(shim, "not needed", f"applies to the {shim.platform} backend only")
+        if absent:
+            return _set(shim, "not needed", absent)
         from .versions import installed_versions
 
         version = installed_versions().vllm
         untested = (
             ""
-            if version is None or in_range(version, TESTED_VLLM)
+            if version is None or is_tested(version)
             else (f" (vLLM {version} is untested; the probe decided)")
         )
         try:
@@ -207,7 +220,12 @@ def apply_now() -> list[Status]:
 
     activate()
     for shim in SHIMS:
-        importlib.import_module(shim.hook_module)
+        try:
+            importlib.import_module(shim.hook_module)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not shim.hook_module.startswith(exc.name):
+                raise  # the module exists but something it imports is missing: a real error
+            _apply(shim, absent=f"{shim.hook_module} does not exist in this release")
     return status()
 
 

@@ -70,12 +70,21 @@ def _module_version(module: str, distribution: str) -> Version | None:
     return parse_version(str(text))
 
 
+def _dist_version(distribution: str) -> Version | None:
+    try:
+        return parse_version(md.version(distribution))
+    except md.PackageNotFoundError:
+        return None
+
+
 @functools.lru_cache(maxsize=1)
 def installed_versions() -> Versions:
     """Read the installed versions once per process (importing vLLM costs a few seconds)."""
     return Versions(
         vllm=_module_version("vllm", "vllm"),
-        speculators=_module_version("speculators", "speculators"),
+        # From its metadata, not by importing it: a shim hooked on transformers (which speculators
+        # imports) asks for the versions while speculators cannot be imported yet.
+        speculators=_dist_version("speculators"),
         torch=_module_version("torch", "torch"),
         transformers=_module_version("transformers", "transformers"),
     )

@@ -86,6 +86,87 @@ def engine(request, built):
     probe.close()
 
 
+#: What cannot pass yet, and why: (applies?, reason, which tests). Each listed test still runs
+#: and must fail (strict xfail): a fix shows up as XPASS, which fails the run, so the list cannot
+#: go stale. README's support table says the same per env.
+TRANSFORMERS_5_TRAINING = (
+    "speculators 0.3.0's training code under transformers 5 (which vLLM >= 0.24 requires): "
+    "Eagle3SpeculatorConfig, a pydantic model that is also a PretrainedConfig, cannot be built "
+    "(AttributeError: 'Eagle3SpeculatorConfig' object has no attribute '__pydantic_fields_set__'); "
+    "no shim covers it"
+)
+TRANSFORMERS_5_IMPORT_ORDER = (
+    "under transformers 5, speculators 0.3.0 imports only once speculators_compat's "
+    "config_dtype_annotation shim is in place: importing speculators first, or with every shim "
+    "refused (unsupported versions), fails with PydanticUndefinedAnnotation"
+)
+KIMI_FUSED_PROCESSOR = (
+    "vLLM >= 0.32 builds Kimi-K2.5's media processor itself (KimiK25FusedVisionProcessor) from "
+    "the checkpoint's media_proc_cfg, which the tiny Kimi-K2.5 fixture does not ship yet "
+    "(KeyError: 'merge_kernel_size')"
+)
+#: Tests that build speculators' draft config (Eagle3SpeculatorConfig): everything that trains.
+#: (test_distributed_cpu sets up torch.distributed only, and passes.)
+TRAINS = (
+    "tests/shims/test_checkpointer_cpu.py",
+    "tests/shims/test_draft_eager_on_cpu.py",
+    "tests/shims/test_draft_from_pretrained.py",
+    "tests/shims/test_draft_verifier_wrapper.py",
+    "tests/shims/test_training_target_final_norm.py",
+    "tests/test_pipeline.py::test_demo",
+    "tests/test_pipeline.py::test_speculators_loader",
+    "tests/test_pipeline.py::test_draft_loads",
+    "tests/test_pipeline.py::test_run_again",
+    "tests/test_pipeline.py::test_torchrun",
+    "tests/test_preflight.py::test_preflight_",
+)
+
+
+def _known_failures():
+    import importlib.util
+
+    from packaging.version import Version
+
+    from speculators_compat.versions import installed_versions
+
+    transformers_5 = (installed_versions().transformers or Version("0")) >= Version("5")
+    fused_kimi = importlib.util.find_spec("vllm.transformers_utils.processors.kimi_k25_vision_fused")
+    return [
+        (
+            transformers_5,
+            TRANSFORMERS_5_TRAINING,
+            lambda item: item.nodeid.startswith(TRAINS),
+        ),
+        (
+            transformers_5,
+            TRANSFORMERS_5_IMPORT_ORDER,
+            lambda item: item.nodeid.startswith(
+                (
+                    "tests/test_registry.py::test_importing_speculators_first",
+                    "tests/test_registry.py::test_unsupported_versions_apply_nothing",
+                )
+            ),
+        ),
+        (
+            fused_kimi is not None,
+            KIMI_FUSED_PROCESSOR,
+            lambda item: (
+                "kimi-k25-tiny" in item.nodeid and not item.nodeid.startswith("tests/test_fixtures.py")
+            )
+            or item.nodeid.startswith("tests/shims/test_multimodal_text_only.py"),
+        ),
+    ]
+
+
+def pytest_collection_modifyitems(config, items):
+    known = [(reason, selects) for applies, reason, selects in _known_failures() if applies]
+    for item in items:
+        for reason, selects in known:
+            if selects(item):
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+                break
+
+
 def pytest_report_header(config):
     from speculators_compat.versions import installed_versions
 

@@ -10,7 +10,11 @@ import textwrap
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 600) -> dict:
-    """Run ``code`` in a fresh interpreter; it must print one JSON line last. Returns that."""
+    """Run ``code`` in a fresh interpreter; it must print one JSON line last. Returns that.
+
+    The child's stdout is a pipe, so block-buffered: a child that ends with ``os._exit`` must
+    print its line with ``flush=True`` (``PYTHONUNBUFFERED`` in a developer's shell hides this).
+    """
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
@@ -23,7 +27,10 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 60
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        raise AssertionError(f"no JSON line in output:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise AssertionError(
+            "no JSON line in output (printed without flush before os._exit?):\n"
+            f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return json.loads(lines[-1])
 
 

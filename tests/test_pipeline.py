@@ -162,6 +162,7 @@ def test_sigkill_during_extraction_loses_and_duplicates_nothing(tmp_path):
     assert check_against_reference(run, samples=3) <= TOLERANCE["float32"]
 
 
+@pytest.mark.training
 def test_torchrun_two_processes_on_cpu(demo_run, tmp_path):
     """speculators' distributed path (FSDP2, DistributedCheckpointer) with gloo, 2 ranks."""
     import shutil

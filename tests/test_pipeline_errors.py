@@ -10,6 +10,9 @@ import pytest
 from speculators_compat.tiny import build, chat_dataset_path
 from tests.pipeline_helpers import cli, prepare
 
+# The CLI's handling of bad input starts no vLLM engine: tox runs it once per torch release.
+pytestmark = pytest.mark.cli_input
+
 
 @pytest.fixture(scope="module")
 def model():

@@ -51,14 +51,14 @@ def environment_line(with_shims: bool = True) -> str:
 
 def warn_if_untested() -> str | None:
     """A vLLM outside the tested range: say so (the shims' probes still decide)."""
-    from ..registry import TESTED_VLLM
-    from ..versions import in_range, installed_versions
+    from ..registry import TESTED_VLLM_TEXT, is_tested
+    from ..versions import installed_versions
 
     version = installed_versions().vllm
-    if version is None or in_range(version, TESTED_VLLM):
+    if version is None or is_tested(version):
         return None
     message = (
-        f"vLLM {version} is outside the versions speculators_compat was tested on ({TESTED_VLLM}); "
+        f"vLLM {version} is outside the versions speculators_compat was tested on ({TESTED_VLLM_TEXT}); "
         "each shim's probe decides whether it applies (see `speculators-compat status`)"
     )
     log.warning(message)

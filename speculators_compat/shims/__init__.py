@@ -2,13 +2,18 @@
 
 | shim | vLLM | what it fixes |
 | --- | --- | --- |
+| config_dtype_annotation | all (transformers 5) | import speculators: "name 'torch' is not defined" |
+| cpu_attention_block_size | >=0.29, CPU | No common block size for 16 (CPU_ATTN: [MultipleOf(32)]) |
+| kernel_rebind_scan | >=0.32 | engine start after numba: '_lib_fn_wrapper' object has no attribute 'get' |
 | cpu_rms_norm_strided | 0.12-0.13, CPU | wrong DeepSeek states: CPU RMSNorm misreads strided views |
 | cpu_moe_activation_config | 0.14, CPU | "Current vLLM config is not set" in float32 MoE forward |
 | generator_executor | all | (isolation) the generator gets a MultiprocExecutor of its own |
 | scheduler_config_encoder_decoder | >=0.12 | SchedulerConfig "is_encoder_decoder Field required" |
 | cache_config_prefix_caching | >=0.12 | block_hashes assert / prefix-cached tokens never computed |
+| kv_cache_layout | >=0.29 | KV cache layout has not been resolved yet |
 | kv_cache_config_specs | >=0.12 | unexpected keyword argument 'kv_cache_specs' |
 | scheduler_block_size | >=0.12 | Scheduler missing 'block_size' |
+| request_eos_token_id | >=0.17 | Request got an unexpected keyword argument 'eos_token_id' |
 | executor_sample_tokens | >=0.12 | execute_model returns None; sample_tokens must follow |
 | collective_rpc_unique_reply | >=0.12 | collective_rpc(unique_reply_rank=0) no longer a list: [0] misreads |
 | worker_error_types | all | worker errors re-raised with their type and traceback |
@@ -37,6 +42,8 @@ from . import (
     cache_config_prefix_caching,
     checkpointer_cpu,
     collective_rpc_unique_reply,
+    config_dtype_annotation,
+    cpu_attention_block_size,
     cpu_moe_activation_config,
     cpu_rms_norm_strided,
     distributed_cpu,
@@ -48,8 +55,11 @@ from . import (
     generator_dtype,
     generator_executor,
     hidden_states_capture,
+    kernel_rebind_scan,
     kv_cache_config_specs,
+    kv_cache_layout,
     multimodal_text_only,
+    request_eos_token_id,
     scheduler_block_size,
     scheduler_config_encoder_decoder,
     token_attribution,
@@ -60,13 +70,18 @@ from . import (
 )
 
 SHIMS: list[Shim] = [
+    config_dtype_annotation.SHIM,
+    kernel_rebind_scan.SHIM,
     cpu_rms_norm_strided.SHIM,
     cpu_moe_activation_config.SHIM,
     generator_executor.SHIM,
     scheduler_config_encoder_decoder.SHIM,
     cache_config_prefix_caching.SHIM,
     kv_cache_config_specs.SHIM,
+    kv_cache_layout.SHIM,
     scheduler_block_size.SHIM,
+    cpu_attention_block_size.SHIM,
+    request_eos_token_id.SHIM,
     executor_sample_tokens.SHIM,
     collective_rpc_unique_reply.SHIM,
     worker_error_types.SHIM,

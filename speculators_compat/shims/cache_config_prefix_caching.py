@@ -32,8 +32,9 @@ SHIM = Shim(
     name=NAME,
     target=f"{GENERATOR}:CacheConfig",
     vllm=">=0.12",
-    symptom="AssertionError (bare) on request.block_hashes in the KV-cache manager; or, where it "
-    "does not assert, sequences sharing a prefix get fewer hidden states than tokens",
+    symptom="AssertionError (bare) on request.block_hashes in the KV-cache manager (vLLM 0.32: "
+    "IndexError: list index out of range in BlockPool.cache_full_blocks); or, where it does not "
+    "fail, sequences sharing a prefix get fewer hidden states than tokens",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -23,7 +23,10 @@ def probe() -> bool:
 
     from vllm.model_executor.custom_op import CustomOp
 
-    mod = importlib.import_module(MODULE)
+    try:
+        mod = importlib.import_module(MODULE)
+    except ModuleNotFoundError:  # vLLM 0.32 has no such module
+        return False
     lazy = getattr(mod, "_CPU_MOE_ACT", None)
     factories = getattr(type(lazy), "_factories", {}) if lazy is not None else {}
     # Structural, not behavioural: whether building the op fails depends on whether a config

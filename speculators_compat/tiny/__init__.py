@@ -250,5 +250,5 @@ def sample_token_ids(model_dir: Path, n: int, start: int = 0) -> list[list[int]]
     out = []
     for row in load_chat()[start : start + n]:
         messages = [{"role": _ROLES[turn["from"]], "content": turn["value"]} for turn in row["conversations"]]
-        out.append(list(tokenizer.apply_chat_template(messages, tokenize=True)))
+        out.append(list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)))
     return out

@@ -47,6 +47,7 @@ class KimiK25TinyImageProcessor(BaseImageProcessor):
         super().__init__(**kwargs)
         self.patch_size = patch_size
         self.merge_kernel_size = list(merge_kernel_size)
+        self.num_frames_per_chunk = 4  # vLLM >= 0.17 reads it to build dummy video inputs
 
     def _grid(self, image):
         width, height = image.size
@@ -66,7 +67,8 @@ class KimiK25TinyImageProcessor(BaseImageProcessor):
         return t * h * w // (self.merge_kernel_size[0] * self.merge_kernel_size[1])
 
     def split_video_chunks(self, video):
-        return [list(video[i : i + 4]) for i in range(0, len(video), 4)]
+        n = self.num_frames_per_chunk
+        return [list(video[i : i + n]) for i in range(0, len(video), n)]
 
     def preprocess(self, chunks, **kwargs):
         patches, grids = [], []

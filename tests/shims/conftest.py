@@ -14,7 +14,10 @@ def claimed():
     """claimed(shim) -> True when this env's vLLM lies in the versions the shim names."""
 
     def check(shim) -> bool:
-        return in_range(installed_versions().vllm, shim.vllm)
+        v = installed_versions()
+        return in_range(v.vllm, shim.vllm) and (
+            shim.transformers is None or in_range(v.transformers, shim.transformers)
+        )
 
     return check
 
@@ -40,4 +43,8 @@ def state():
 
 def needs_claim(claimed, shim):
     if not claimed(shim):
-        pytest.skip(f"vLLM {installed_versions().vllm} is outside {shim.name}'s range {shim.vllm}")
+        v = installed_versions()
+        pytest.skip(
+            f"vLLM {v.vllm} / transformers {v.transformers} is outside {shim.name}'s range "
+            f"{shim.vllm} / {shim.transformers or 'any'}"
+        )

@@ -13,6 +13,9 @@ def test_without_it_a_bare_assert_or_states_missing_for_shared_prefixes(claimed)
     result = run_generator("llama-tiny", 6, disable=SHIM.name)
     if result["ok"]:  # no assert on this vLLM: the shared chat-template prefix was never computed
         assert any(isinstance(e, str) or e > TOLERANCE["float32"] for e in result["errors"])
-    else:
-        assert result["type"] == "AssertionError" and result["message"] == ""
+    elif result["type"] == "AssertionError":  # vLLM 0.12-0.17: a bare assert on block_hashes
+        assert result["message"] == ""
         assert "block_hashes" in result["traceback"] or "assert" in result["traceback"]
+    else:  # vLLM 0.32: the block pool indexes hashes nobody computed
+        assert result["type"] == "IndexError", result
+        assert "cache_full_blocks" in result["traceback"]

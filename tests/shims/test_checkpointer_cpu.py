@@ -8,7 +8,7 @@ import torch
 from speculators_compat.shims.checkpointer_cpu import SHIM
 from tests.helpers import run_draft
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only shim")
+pytestmark = [pytest.mark.training, pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only shim")]
 
 
 def test_resume_on_cpu():

@@ -13,7 +13,7 @@ import torch
 
 from speculators_compat.shims.distributed_cpu import SHIM
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only shim")
+pytestmark = [pytest.mark.training, pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only shim")]
 
 SCRIPT = """
 import json, os, sys, speculators_compat

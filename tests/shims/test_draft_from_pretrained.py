@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from speculators_compat.shims.draft_from_pretrained import SHIM
 from tests.helpers import run_draft
+
+pytestmark = pytest.mark.training
 
 
 def test_saved_draft_loads():

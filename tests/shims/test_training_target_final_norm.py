@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from speculators_compat.shims.training_target_final_norm import SHIM
 from tests.helpers import run_draft
+
+pytestmark = pytest.mark.training
 
 
 def test_targets_are_the_verifiers_logits_only_with_the_shim():
