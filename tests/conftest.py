@@ -169,7 +169,9 @@ def _known_failures():
         (
             _ipex_without_bf16(),
             IPEX_WITHOUT_BF16,
-            lambda item: "bfloat16" in item.nodeid,
+            # engines started in bfloat16; preflight runs the config's dtype (DeepSeek-V3: bf16)
+            lambda item: "-bfloat16]" in item.nodeid
+            or item.nodeid.startswith("tests/test_preflight.py::test_preflight_deepseek_v3_like"),
         ),
         (
             fused_kimi is not None,
