@@ -56,25 +56,20 @@ class Versions:
         return {k: (str(v) if v is not None else None) for k, v in self.__dict__.items()}
 
 
+def _dist_version(distribution: str) -> Version | None:
+    try:
+        return parse_version(md.version(distribution))
+    except md.PackageNotFoundError:
+        return None
+
+
 def _module_version(module: str, distribution: str) -> Version | None:
     try:
         mod = importlib.import_module(module)
     except ImportError:
         return None
     text = getattr(mod, "__version__", None)
-    if not text:
-        try:
-            text = md.version(distribution)
-        except md.PackageNotFoundError:
-            return None
-    return parse_version(str(text))
-
-
-def _dist_version(distribution: str) -> Version | None:
-    try:
-        return parse_version(md.version(distribution))
-    except md.PackageNotFoundError:
-        return None
+    return parse_version(str(text)) if text else _dist_version(distribution)
 
 
 @functools.lru_cache(maxsize=1)
