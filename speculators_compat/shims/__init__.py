@@ -7,6 +7,7 @@
 | kernel_rebind_scan | >=0.32 | engine start after numba: '_lib_fn_wrapper' object has no attribute 'get' |
 | cpu_rms_norm_strided | 0.12-0.13, CPU | wrong DeepSeek states: CPU RMSNorm misreads strided views |
 | cpu_moe_activation_config | 0.14, CPU | "Current vLLM config is not set" in float32 MoE forward |
+| cpu_moe_silu_per_call | 0.20-0.24, CPU | "Current vLLM config is not set" in float32 MoE forward |
 | generator_executor | all | (isolation) the generator gets a MultiprocExecutor of its own |
 | scheduler_config_encoder_decoder | >=0.12 | SchedulerConfig "is_encoder_decoder Field required" |
 | cache_config_prefix_caching | >=0.12 | block_hashes assert / prefix-cached tokens never computed |
@@ -45,6 +46,7 @@ from . import (
     config_dtype_annotation,
     cpu_attention_block_size,
     cpu_moe_activation_config,
+    cpu_moe_silu_per_call,
     cpu_rms_norm_strided,
     distributed_cpu,
     draft_eager_on_cpu,
@@ -74,6 +76,7 @@ SHIMS: list[Shim] = [
     kernel_rebind_scan.SHIM,
     cpu_rms_norm_strided.SHIM,
     cpu_moe_activation_config.SHIM,
+    cpu_moe_silu_per_call.SHIM,
     generator_executor.SHIM,
     scheduler_config_encoder_decoder.SHIM,
     cache_config_prefix_caching.SHIM,
