@@ -199,7 +199,7 @@ def _summary(run: RunFolder, reports: list[StageReport], total: float) -> None:
     click.echo(f"run folder  {run.root}")
     for r in reports:
         how = "already complete" if r.skipped else f"{r.seconds:7.1f} s"
-        shown = {k: v for k, v in r.facts.items() if k not in ("finished_at",)}
+        shown = {k: v for k, v in r.facts.items() if k not in ("finished_at", "validation_samples")}
         click.echo(f"  {r.stage:<8} {how:>16}  " + ", ".join(f"{k}={v}" for k, v in shown.items()))
     click.echo(
         f"  outputs: {run.prepared.name}/, {run.hidden_states.name}/ (data_config.json), "

@@ -40,6 +40,12 @@ class TrainResult:
     first_loss: float | None
     last_loss: float | None
     losses: list[float] = field(default_factory=list)
+    #: Samples training held out (``serve-check`` prompts with them).
+    validation_samples: list[int] = field(default_factory=list)
+
+
+def _sample_index(path) -> int:
+    return int(Path(path).stem.removeprefix("data_"))
 
 
 class _MetricsFile(logging.Handler):
@@ -115,10 +121,15 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
     d2t = torch.from_numpy(np.load(run.vocab / "d2t.npy")).to(device)
     t2d = torch.from_numpy(np.load(run.vocab / "t2d.npy")).to(device)
     layer_config, verifier = transformer_layer_config(info, options.num_layers)
+    from .serve import captured_layer_ids, vllm_aux_layer_ids
+
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=layer_config,
         draft_vocab_size=int(d2t.shape[0]),
         norm_before_residual=True,
+        # Which verifier states vLLM feeds the served draft, in vLLM's convention (the state
+        # entering layer k): without it vLLM picks its own default layers.
+        eagle_aux_hidden_state_layer_ids=vllm_aux_layer_ids(captured_layer_ids(run)),
         speculators_config=SpeculatorsConfig(
             algorithm="eagle3",
             proposal_methods=[
@@ -220,6 +231,7 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
         losses[0] if losses else None,
         losses[-1] if losses else None,
         losses,
+        sorted(_sample_index(f) for f in val_files),
     )
     if rank == 0:
         facts = {k: v for k, v in vars(result).items() if k != "losses"}

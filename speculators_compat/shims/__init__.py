@@ -29,6 +29,7 @@
 | training_target_final_norm | all | targets miss the verifier's final norm |
 | draft_from_pretrained | all | a saved draft does not load: unexpected keyword argument 'verifier' |
 | draft_eager_on_cpu | all, CPU | InductorError: IndexError: tuple index out of range (training on CPU) |
+| draft_attention_cpu_grad | >=0.20 (torch 2.11+), CPU | FlexAttention does not support backward on CPU |
 | distributed_cpu | all, CPU | torchrun training on CPU: "Found no NVIDIA driver" (accelerator-only setup) |
 | checkpointer_cpu | all, CPU | resuming training on CPU: checkpoint loaded onto cuda:0 |
 
@@ -49,6 +50,7 @@ from . import (
     cpu_moe_silu_per_call,
     cpu_rms_norm_strided,
     distributed_cpu,
+    draft_attention_cpu_grad,
     draft_eager_on_cpu,
     draft_from_pretrained,
     draft_verifier_wrapper,
@@ -99,6 +101,7 @@ SHIMS: list[Shim] = [
     training_target_final_norm.SHIM,
     draft_from_pretrained.SHIM,
     draft_eager_on_cpu.SHIM,
+    draft_attention_cpu_grad.SHIM,
     checkpointer_cpu.SHIM,
     distributed_cpu.SHIM,
 ]

@@ -1,0 +1,257 @@
+"""serve-check: the run's draft served by vLLM's own EAGLE-3 speculative decoding, measured.
+
+The reason to train a draft is to serve it next to its verifier. This stage starts vLLM twice on
+the run's verifier, on prompts the draft was not trained on (the validation samples, cut inside
+their assistant turn): once with the draft as an EAGLE-3 speculator, once without. It reports
+vLLM's own ``vllm:spec_decode_*`` counters (acceptance rate, accepted tokens per position, mean
+accepted length), tokens/s both ways, and whether greedy outputs are identical (speculative
+decoding is lossless: they must be).
+
+Each engine runs in a child process that never imports ``speculators_compat`` and does not
+inherit ``SPECULATORS_COMPAT_ACTIVE``: what is measured is vLLM as a user serves the draft.
+
+Layer ids. speculators 0.3.0 captures decoder layer k's *output*; vLLM's
+``eagle_aux_hidden_state_layer_ids`` entry k is the state *entering* layer k. The draft's
+auxiliary inputs captured at layer ids ``[a, b, c]`` (the fourth id is the layer the training
+targets come from) are therefore served with ids ``[a + 1, b + 1, c + 1]``:
+:func:`vllm_aux_layer_ids`, which ``train`` writes into the draft's ``config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import PipelineError
+from .layout import RunFolder
+
+log = logging.getLogger("speculators_compat.pipeline")
+
+#: vLLM's CPU builds run EAGLE-3 speculative decoding from 0.20 (up to 0.19 the CPU model runner
+#: asserts "spec decode is not supported."). 0.23 and 0.24's CPU builds die at engine start with
+#: a speculative config (``_sample_recovered_tokens_kernel_impl() got an unexpected keyword
+#: argument 'USE_FP64_GUMBEL'``).
+CPU_SPEC_DECODE = ">=0.20,<0.23 || >=0.25"
+
+
+def vllm_aux_layer_ids(captured: list[int]) -> list[int]:
+    """vLLM's ``eagle_aux_hidden_state_layer_ids`` for data captured at speculators' ``captured``
+    layer ids (three auxiliary layers, then the target layer): each auxiliary layer's output is
+    the state entering the next layer."""
+    if len(captured) < 2:
+        raise ValueError(f"expected auxiliary layer ids and a final one, got {captured}")
+    return [k + 1 for k in captured[:-1]]
+
+
+def captured_layer_ids(run: RunFolder) -> list[int]:
+    config = run.hidden_states / "data_config.json"
+    if not config.is_file():
+        raise PipelineError(f"{config} is missing: run extract first.")
+    return list(json.loads(config.read_text())["hidden_states"]["layer_ids"])
+
+
+def cpu_spec_decode_unsupported() -> str | None:
+    """Why the installed vLLM cannot serve an EAGLE-3 draft on this machine, or None if it can."""
+    import torch
+
+    from ..versions import in_range, installed_versions
+
+    version = installed_versions().vllm
+    if version is None:
+        return "vLLM is not installed"
+    if torch.cuda.is_available():
+        return None
+    if any(in_range(version, part.strip()) for part in CPU_SPEC_DECODE.split("||")):
+        return None
+    return (
+        f"vLLM {version}'s CPU backend cannot run EAGLE-3 speculative decoding (CPU builds can from "
+        "0.20 to 0.22 and from 0.25; up to 0.19: 'spec decode is not supported.'; 0.23/0.24: "
+        "'unexpected keyword argument USE_FP64_GUMBEL')"
+    )
+
+
+def latest_checkpoint(run: RunFolder) -> Path:
+    epochs = sorted(int(p.name) for p in run.checkpoints.glob("*") if p.name.isdigit())
+    if not epochs:
+        raise PipelineError(f"{run.checkpoints} holds no draft: run train first.")
+    return run.checkpoints / str(epochs[-1])
+
+
+def held_out_samples(run: RunFolder) -> list[int]:
+    """The samples training kept for validation (recorded by ``train``)."""
+    facts = run.done("train") or {}
+    held = facts.get("validation_samples")
+    if held is None:
+        raise PipelineError(
+            f"{run.root}'s training did not record its validation samples (a run from an older "
+            "speculators-compat): run train again to serve-check on held-out prompts."
+        )
+    return list(held)
+
+
+def held_out_prompts(run: RunFolder, count: int, into_turn: int) -> list[list[int]]:
+    """Up to ``count`` validation samples cut ``into_turn`` tokens into their first assistant
+    turn (so the verifier continues an answer, the draft's job)."""
+    import torch
+
+    prompts = []
+    for i in held_out_samples(run):
+        data = torch.load(run.hidden_states / f"data_{i}.pt", weights_only=True)
+        ids, mask = data["input_ids"].tolist(), data["loss_mask"].tolist()
+        if 1 not in mask:
+            continue
+        cut = min(mask.index(1) + into_turn, len(ids) - 1)
+        prompts.append(ids[:cut])
+        if len(prompts) == count:
+            break
+    if not prompts:
+        raise PipelineError(f"{run.root} has no held-out sample with an assistant turn to prompt with.")
+    return prompts
+
+
+@dataclass
+class ServeReport:
+    draft: str
+    aux_layer_ids: list[int] | None
+    prompts: int
+    max_tokens: int
+    num_speculative_tokens: int
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_position: list[int]
+    acceptance_rate: float
+    acceptance_per_position: list[float]
+    mean_accepted_length: float
+    tokens_per_s_with: float
+    tokens_per_s_without: float
+    speedup: float
+    identical: bool
+    mismatched_prompts: list[int] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        per_pos = " ".join(f"{r:.3f}" for r in self.acceptance_per_position)
+        return [
+            f"draft          {self.draft} (aux layer ids {self.aux_layer_ids})",
+            f"prompts        {self.prompts} held-out prompts, {self.max_tokens} greedy tokens each, "
+            f"{self.num_speculative_tokens} speculative tokens",
+            f"acceptance     {self.acceptance_rate:.3f} ({self.accepted_tokens} of {self.draft_tokens} "
+            f"drafted tokens, {self.drafts} drafts)",
+            f"per position   {per_pos}  (accepted {self.accepted_per_position})",
+            f"mean accepted length {self.mean_accepted_length:.2f} tokens per verifier step",
+            f"tokens/s       {self.tokens_per_s_with:.1f} with the draft, {self.tokens_per_s_without:.1f} "
+            f"without: {self.speedup:.2f}x",
+            f"lossless       {'yes: greedy outputs identical' if self.identical else 'NO'}"
+            + ("" if self.identical else f" (prompts {self.mismatched_prompts} differ)"),
+        ]
+
+
+def _engine(request: dict) -> dict:
+    """One engine in a child process that has not imported speculators_compat."""
+    env = {k: v for k, v in os.environ.items() if k != "SPECULATORS_COMPAT_ACTIVE"}
+    env["SPECULATORS_COMPAT_AUTO"] = "0"
+    with tempfile.TemporaryDirectory(prefix="serve-check-") as tmp:
+        req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        req.write_text(json.dumps(request))
+        child = Path(__file__).with_name("_serve_child.py")
+        proc = subprocess.run(
+            [sys.executable, str(child), str(req), str(res)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0 or not res.is_file():
+            tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
+            what = "with the draft" if request.get("draft") else "without a draft"
+            raise PipelineError(f"vLLM {what} failed (exit {proc.returncode}):\n{tail}")
+        return json.loads(res.read_text())
+
+
+def serve_check(
+    run: RunFolder,
+    *,
+    draft: str | Path | None = None,
+    prompts: int = 16,
+    max_tokens: int = 32,
+    into_turn: int = 8,
+    num_speculative_tokens: int = 3,
+    dtype: str | None = None,
+    check_layer_ids: bool = True,
+) -> ServeReport:
+    """Serve ``draft`` (default: the run's latest checkpoint) and measure it; see the module doc.
+
+    ``check_layer_ids``: refuse a draft whose ``eagle_aux_hidden_state_layer_ids`` are not the
+    ones its training data was captured at (off only to measure such a draft on purpose)."""
+    reason = cpu_spec_decode_unsupported()
+    if reason:
+        raise PipelineError(reason + ". Serve the draft on a GPU, or check it with a CPU build of 0.20-0.22.")
+    settings = run.settings()
+    draft = Path(draft) if draft else latest_checkpoint(run)
+    config = json.loads((draft / "config.json").read_text())
+    aux = config.get("eagle_aux_hidden_state_layer_ids")
+    expected = vllm_aux_layer_ids(captured_layer_ids(run))
+    if check_layer_ids and aux != expected:
+        raise PipelineError(
+            f"{draft}/config.json has eagle_aux_hidden_state_layer_ids {aux}, but its training data "
+            f"was captured at layer ids {captured_layer_ids(run)}, which vLLM names {expected} (vLLM's "
+            "id k is the state entering layer k). Train it again with this version of "
+            f'speculators-compat, or set "eagle_aux_hidden_state_layer_ids": {expected} there.'
+        )
+    chosen = held_out_prompts(run, prompts, into_turn)
+    longest = max(len(p) for p in chosen) + max_tokens + num_speculative_tokens + 1
+    request = {
+        "verifier": settings["model"],
+        "dtype": dtype or settings.get("dtype") or "auto",
+        "max_model_len": max(longest, 256),
+        "max_num_seqs": len(chosen),
+        "prompts": chosen,
+        "max_tokens": max_tokens,
+        "num_speculative_tokens": num_speculative_tokens,
+        "trust_remote_code": True,
+    }
+    from .model_info import inspect_model
+
+    if inspect_model(settings["model"]).wrapper:
+        # Text-only serving of a multimodal wrapper (Kimi-K2.5): no image inputs.
+        request["limit_mm_per_prompt"] = {"image": 0, "video": 0}
+    base = _engine(request)
+    spec = _engine({**request, "draft": str(draft)})
+    c = spec["counters"]
+    drafts = int(c.get("vllm:spec_decode_num_drafts", 0))
+    draft_tokens = int(c.get("vllm:spec_decode_num_draft_tokens", 0))
+    accepted = int(c.get("vllm:spec_decode_num_accepted_tokens", 0))
+    per_pos = [int(v) for v in c.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])]
+    if drafts == 0:
+        raise PipelineError(
+            "vLLM served the verifier with the draft but counted no drafts "
+            f"(spec-decode counters: {c}): speculative decoding did not run."
+        )
+    mismatched = [i for i, (a, b) in enumerate(zip(base["outputs"], spec["outputs"], strict=True)) if a != b]
+    with_s = spec["generated"] / spec["seconds"]
+    without_s = base["generated"] / base["seconds"]
+    report = ServeReport(
+        draft=str(draft),
+        aux_layer_ids=aux,
+        prompts=len(chosen),
+        max_tokens=max_tokens,
+        num_speculative_tokens=num_speculative_tokens,
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted_tokens=accepted,
+        accepted_per_position=per_pos,
+        acceptance_rate=accepted / draft_tokens if draft_tokens else 0.0,
+        acceptance_per_position=[v / drafts for v in per_pos],
+        mean_accepted_length=1 + accepted / drafts,
+        tokens_per_s_with=with_s,
+        tokens_per_s_without=without_s,
+        speedup=with_s / without_s,
+        identical=not mismatched,
+        mismatched_prompts=mismatched,
+    )
+    return report
