@@ -199,9 +199,10 @@ def doctor() -> None:
     sys.exit(1 if counts[UNCOVERED] else 0)
 
 
-from .pipeline.commands import register, register_preflight  # noqa: E402
+from .pipeline.commands import register, register_preflight, register_serve_check  # noqa: E402
 
 register(main)
+register_serve_check(main)
 register_preflight(main)
 
 if __name__ == "__main__":

@@ -61,9 +61,9 @@ class VllmLayerProbe:
         )
         if is_multimodal_wrapper(model_dir):
             # text only: every media input limited to 0, so vLLM skips the vision tower
-            from .shims.multimodal_text_only import _MODALITIES
+            from .shims.multimodal_text_only import MODALITIES
 
-            kwargs["limit_mm_per_prompt"] = {m: 0 for m in _MODALITIES}
+            kwargs["limit_mm_per_prompt"] = {m: 0 for m in MODALITIES}
         kwargs.update(engine_kwargs)
         self.llm = LLM(**kwargs)
         self._capture: CaptureState | None = None

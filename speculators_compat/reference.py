@@ -82,6 +82,15 @@ class ReferenceModel:
         return torch.stack(captured)
 
     @torch.no_grad()
+    def entering_states(self, token_ids: list[int]) -> torch.Tensor:
+        """The state entering every decoder layer (transformers' ``output_hidden_states[k]``,
+        k < num_layers; index 0 is the embedding): shape [num_layers, seq_len, hidden]. This is
+        vLLM's convention for ``eagle_aux_hidden_state_layer_ids``."""
+        ids = torch.as_tensor([token_ids], dtype=torch.long)
+        out = self.model(input_ids=ids, use_cache=False, output_hidden_states=True)
+        return torch.stack([h[0] for h in out.hidden_states[: self.num_layers]])
+
+    @torch.no_grad()
     def next_token(self, token_ids: list[int]) -> tuple[int, float]:
         """Greedy next token after ``token_ids`` and its logit margin over the runner-up."""
         ids = torch.as_tensor([token_ids], dtype=torch.long)

@@ -35,9 +35,9 @@ ACTIVE_ENV = "SPECULATORS_COMPAT_ACTIVE"
 
 SUPPORTED_SPECULATORS = SpecifierSet("==0.3.*")
 SUPPORTED_VLLM = SpecifierSet(">=0.11")
-#: The vLLM releases the test matrix runs (tox.ini): 0.11 to 0.17, and 0.32.
-TESTED_VLLM = (SpecifierSet(">=0.11,<0.18"), SpecifierSet("==0.32.*"))
-TESTED_VLLM_TEXT = "0.11-0.17, 0.32"
+#: The vLLM releases the test matrix runs (tox.ini): 0.11 to 0.17, 0.22 and 0.32.
+TESTED_VLLM = (SpecifierSet(">=0.11,<0.18"), SpecifierSet("==0.22.*"), SpecifierSet("==0.32.*"))
+TESTED_VLLM_TEXT = "0.11-0.17, 0.22, 0.32"
 
 
 def is_tested(version) -> bool:
@@ -68,6 +68,10 @@ class Shim:
     requires: tuple[str, ...] = field(default=())
     #: transformers versions the drift needs too (None: any), a packaging specifier.
     transformers: str | None = None
+    #: The drift breaks vLLM's own engine too (a bug of vLLM's build, outside speculators' path):
+    #: the engines that serve-check and ``prepare --regenerate`` start keep this shim, and only
+    #: the shims so marked.
+    serving: bool = False
 
 
 @dataclass

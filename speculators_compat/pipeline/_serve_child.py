@@ -1,5 +1,6 @@
 """One vLLM engine, as a user serves it: greedy generation on fixed prompts, with or without an
-EAGLE-3 draft, timed, with vLLM's own speculative-decoding counters.
+EAGLE-3 draft, timed, with vLLM's own speculative-decoding counters; or (``chats`` in the
+request) every assistant turn of a chat dataset answered again by the model.
 
 Run by path (``python _serve_child.py REQUEST.json RESULT.json``), never imported: the process
 must not import ``speculators_compat`` (importing it activates the shims), so what is measured
@@ -10,12 +11,14 @@ is vLLM itself. The parent (:mod:`speculators_compat.pipeline.serve`) also leave
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 
 def main(request_path: str, result_path: str) -> None:
     request = json.loads(open(request_path).read())
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -29,6 +32,10 @@ def main(request_path: str, result_path: str) -> None:
         # Same scheduling with and without the draft; every prompt's prefill computed.
         enable_prefix_caching=False,
         max_num_seqs=request["max_num_seqs"],
+        # vLLM warms up with a batch of this many tokens (CPU default 4096: ~30 s on 2 cores).
+        max_num_batched_tokens=max(request["max_model_len"], 1024),
+        # Engine and worker in this process: one vLLM import instead of three.
+        distributed_executor_backend="uni",
     )
     if request.get("draft"):
         kwargs["speculative_config"] = {
@@ -43,7 +50,21 @@ def main(request_path: str, result_path: str) -> None:
     if request.get("limit_mm_per_prompt") is not None:
         kwargs["limit_mm_per_prompt"] = request["limit_mm_per_prompt"]
     llm = LLM(**kwargs)
-    params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True)
+    if request.get("chats") is not None:
+        result = _chat(llm, request, SamplingParams, TokensPrompt)
+    else:
+        result = _generate(llm, request, SamplingParams, TokensPrompt)
+    with open(result_path, "w") as f:
+        json.dump(result, f)
+
+
+def _generate(llm, request, SamplingParams, TokensPrompt) -> dict:
+    """Greedy continuations of token-id prompts, timed after a warm-up, with spec counters."""
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=request["max_tokens"],
+        ignore_eos=not request.get("stop_at_eos", False),
+    )
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]]
     # Warm-up (first-call allocations) on a prompt of the set, then the timed pass.
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
@@ -53,14 +74,49 @@ def main(request_path: str, result_path: str) -> None:
     seconds = time.perf_counter() - t0
     after = _spec_counters(llm)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    result = {
+    return {
         "outputs": tokens,
         "seconds": seconds,
         "generated": sum(len(t) for t in tokens),
         "counters": {k: _minus(after[k], before.get(k)) for k in after},
     }
-    with open(result_path, "w") as f:
-        json.dump(result, f)
+
+
+def _chat(llm, request, SamplingParams, TokensPrompt) -> dict:
+    """The model's greedy answer at every assistant turn of ``chats`` (lists of {role,
+    content}), as token ids: the conversation up to that turn is formatted as speculators'
+    preprocessing formats it (chat template text, tokens without added special tokens), and the
+    answer is kept as the ids the model produced (decoding and re-encoding a model's output can
+    tokenize it differently, and then the data no longer says what the model would say)."""
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"])
+    todo, prompts, skipped = [], [], 0
+    for ci, chat in enumerate(request["chats"]):
+        for at, message in enumerate(chat):
+            if message["role"] != "assistant":
+                continue
+            text = tokenizer.apply_chat_template(chat[:at], tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            # (the generator keeps at most max_model_len - 1 tokens of a sequence)
+            if len(ids) + request["max_tokens"] > request["max_model_len"] - 1:
+                skipped += 1  # no room for an answer within the sequence length
+                continue
+            todo.append((ci, at))
+            prompts.append(ids)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    samples = []
+    for (ci, at), ids, out in zip(todo, prompts, outputs, strict=True):
+        answer = list(out.outputs[0].token_ids)
+        samples.append(
+            {
+                "conversation": ci,
+                "turn": at,
+                "prompt_ids": ids,
+                "answer_ids": answer,
+                "answer": tokenizer.decode(answer, skip_special_tokens=True),
+            }
+        )
+    return {"samples": samples, "skipped": skipped}
 
 
 def _spec_counters(llm) -> dict:

@@ -16,6 +16,10 @@ from .runner import RunSettings, StageReport, claim, environment_line, run_stage
 from .train import TrainOptions
 
 
+#: Tokens per regenerated assistant turn in the demo (its chat answers are 40-120 tokens).
+DEMO_REGENERATE_TOKENS = 128
+
+
 def _layer_ids(_ctx, _param, value):
     if not value:
         return None
@@ -71,6 +75,16 @@ def _common(stages: tuple[str, ...]):
                     "--max-samples", type=int, default=None, help="Use at most this many conversations."
                 ),
                 click.option("--seed", default=0, show_default=True, help="Shuffle seed."),
+                click.option(
+                    "--regenerate",
+                    "regenerate",
+                    type=int,
+                    default=None,
+                    metavar="MAX_TOKENS",
+                    help="Rewrite every assistant turn with the verifier's own greedy answer (in "
+                    "vLLM, at most MAX_TOKENS tokens each) before tokenizing: the draft then learns "
+                    "what the verifier says, which raises acceptance.",
+                ),
                 click.option("--num-proc", default=1, show_default=True, help="Processes for tokenization."),
             ]
         if "extract" in stages:
@@ -152,6 +166,7 @@ def _settings(kw: dict) -> RunSettings:
         "seq_length",
         "max_samples",
         "seed",
+        "regenerate",
         "layer_ids",
         "draft_vocab_size",
         "batch_size",
@@ -263,14 +278,23 @@ def register(main) -> None:
         "--samples", default=300, show_default=True, help="Conversations of the embedded dataset to use."
     )
     @click.option("--epochs", default=2, show_default=True)
+    @click.option(
+        "--regenerate/--no-regenerate",
+        default=True,
+        show_default=True,
+        help="Train on the verifier's own answers (prepare --regenerate 128) or on the dataset's.",
+    )
     @click.option("--overwrite", is_flag=True, help="Start again in a folder that holds another run.")
     @click.option("--quiet", is_flag=True, help="No progress bars.")
     @_guard
-    def demo(out, samples, epochs, overwrite, quiet):
-        """All four stages on the embedded deepseek-v3-tiny model and chat data (no network).
+    def demo(out, samples, epochs, regenerate, overwrite, quiet):
+        """All four stages on the embedded deepseek-v3-tiny model and chat data (no network),
+        then serve-check where the installed vLLM runs speculative decoding.
 
-        Extraction runs in float32 so that the states can be checked against a transformers
-        forward of the same model; the summary prints that check and the training loss."""
+        The assistant turns are first rewritten by the (random) verifier itself, so that what the
+        draft learns is what the verifier will say when serving. Extraction runs in float32 so
+        that the states can be checked against a transformers forward of the same model; the
+        summary prints that check, the training loss and the served draft's acceptance."""
         from ..tiny import build, chat_dataset_path
 
         _logging(quiet)
@@ -283,6 +307,7 @@ def register(main) -> None:
             data=str(chat_dataset_path()),
             seq_length=512,
             max_samples=samples,
+            regenerate=DEMO_REGENERATE_TOKENS if regenerate else None,
             batch_size=32,
             dtype="float32",
             draft_vocab_size=256,
@@ -306,6 +331,69 @@ def register(main) -> None:
         if worst > TOLERANCE["float32"]:
             click.secho("FAIL: extracted states differ from the reference forward", fg="red")
             sys.exit(1)
+        from .serve import cpu_spec_decode_unsupported
+
+        why_not = cpu_spec_decode_unsupported()
+        if why_not:
+            click.echo(f"  serve-check skipped: {why_not}")
+        elif not _serve_check(run):
+            sys.exit(1)
+
+
+def _serve_check(run: RunFolder, **kw) -> bool:
+    """serve-check on ``run``; prints the report, writes ``serve_check.json``; True if lossless."""
+    import dataclasses
+
+    from .atomic import write_json
+    from .serve import serve_check
+
+    click.echo("serve-check: the draft in vLLM's EAGLE-3 speculative decoding (two engines)...")
+    t0 = time.perf_counter()
+    report = serve_check(run, **kw)
+    for line in report.lines():
+        click.echo(f"  {line}")
+    click.echo(f"  serve-check {time.perf_counter() - t0:.1f} s; report in {run.serve_report}")
+    write_json(run.serve_report, dataclasses.asdict(report))
+    if not report.identical:
+        click.secho("FAIL: greedy outputs with the draft differ from those without it", fg="red")
+    return report.identical
+
+
+def register_serve_check(main) -> None:
+    @main.command("serve-check")
+    @click.option(
+        "--out", type=click.Path(path_type=Path), required=True, help="Run folder with a trained draft."
+    )
+    @click.option(
+        "--draft",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Draft checkpoint folder (default: the run's latest checkpoints/<epoch>).",
+    )
+    @click.option("--prompts", default=16, show_default=True, help="Held-out prompts (validation samples).")
+    @click.option("--max-tokens", default=32, show_default=True, help="Greedy tokens per prompt.")
+    @click.option(
+        "--num-speculative-tokens", default=3, show_default=True, help="Draft tokens per verifier step."
+    )
+    @_guard
+    def serve_check_command(out, draft, prompts, max_tokens, num_speculative_tokens):
+        """Serve the run's draft next to its verifier in vLLM's own EAGLE-3 speculative decoding
+        and measure it on held-out prompts.
+
+        Prints vLLM's acceptance counters (rate, per position, mean accepted length), tokens/s
+        with and without the draft, and whether greedy outputs are identical (they must be);
+        writes serve_check.json in the run folder. Exits 1 if the outputs differ. Needs a vLLM
+        that runs speculative decoding here (GPU, or a CPU build of 0.20-0.22)."""
+        _logging(quiet=True)
+        run = RunFolder(out)
+        ok = _serve_check(
+            run,
+            draft=draft,
+            prompts=prompts,
+            max_tokens=max_tokens,
+            num_speculative_tokens=num_speculative_tokens,
+        )
+        sys.exit(0 if ok else 1)
 
 
 def register_preflight(main) -> None:

@@ -2,12 +2,14 @@
 
     RUN/
       run.json              settings of the run and which stages are complete
+      regenerated.jsonl     the chat data with the verifier's own answers (prepare --regenerate)
       prepared/             token ids and loss masks (a ``datasets`` dataset on disk)
       token_freq.pt         token frequencies of the assistant tokens (speculators' format)
       hidden_states/        data_{i}.pt + data_config.json (speculators 0.3.0's format)
       vocab/                d2t.npy, t2d.npy
       checkpoints/<epoch>/  the draft (speculators' checkpointer; loads with from_pretrained)
       train_metrics.jsonl   one line per training step
+      serve_check.json      the draft served by vLLM's speculative decoding (serve-check)
 
 ``token_freq.pt`` sits beside ``hidden_states/``, not in it: speculators' loader reads every file
 ending in ``pt`` under the data folder as a sample.
@@ -25,7 +27,16 @@ from .errors import PipelineError
 
 STAGES = ("prepare", "extract", "vocab", "train")
 #: Settings that define a run: a folder holding other values holds a different run.
-IDENTITY = ("model", "data", "seq_length", "max_samples", "seed", "layer_ids", "draft_vocab_size")
+IDENTITY = (
+    "model",
+    "data",
+    "seq_length",
+    "max_samples",
+    "seed",
+    "regenerate",
+    "layer_ids",
+    "draft_vocab_size",
+)
 
 
 class RunFolder:
@@ -34,10 +45,12 @@ class RunFolder:
         self.manifest = self.root / "run.json"
         self.prepared = self.root / "prepared"
         self.token_freq = self.root / "token_freq.pt"
+        self.regenerated = self.root / "regenerated.jsonl"
         self.hidden_states = self.root / "hidden_states"
         self.vocab = self.root / "vocab"
         self.checkpoints = self.root / "checkpoints"
         self.metrics = self.root / "train_metrics.jsonl"
+        self.serve_report = self.root / "serve_check.json"
 
     # -- manifest ---------------------------------------------------------------------
     def read(self) -> dict:
@@ -90,7 +103,7 @@ class RunFolder:
     def clear(self) -> None:
         for p in (self.prepared, self.hidden_states, self.vocab, self.checkpoints):
             shutil.rmtree(p, ignore_errors=True)
-        for p in (self.token_freq, self.metrics, self.manifest):
+        for p in (self.token_freq, self.regenerated, self.metrics, self.serve_report, self.manifest):
             p.unlink(missing_ok=True)
 
     def done(self, stage: str) -> dict | None:

@@ -19,6 +19,8 @@ class PrepareResult:
     truncated: int
     without_assistant: int
     tokens: int
+    #: Assistant turns rewritten by the verifier (``--regenerate``), else None.
+    regenerated_turns: int | None = None
 
 
 def load_conversations(data: str | Path, cache_dir: Path):
@@ -69,7 +71,10 @@ def prepare(
     max_samples: int | None,
     seed: int,
     num_proc: int = 1,
+    regenerate_max_tokens: int | None = None,
+    dtype: str | None = None,
 ) -> PrepareResult:
+    import datasets
     from speculators.data_generation.preprocessing import build_eagle3_dataset
     from speculators.train.vocab_mapping import save_token_frequency_distribution
     from transformers import AutoTokenizer
@@ -85,9 +90,33 @@ def prepare(
         )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    # One token more than the limit, so that truncated sequences can be counted (speculators
-    # truncates silently), then cut to the limit here.
-    built = build_eagle3_dataset(raw, tokenizer, max_length=seq_length + 1, num_proc=num_proc)
+    regenerated = None
+    if regenerate_max_tokens:
+        from .atomic import write_file
+        from .regenerate import as_columns, regenerate, write_jsonl
+
+        result = regenerate(
+            [row["conversations"] for row in raw],
+            model=model,
+            seq_length=seq_length,
+            max_tokens=regenerate_max_tokens,
+            dtype=dtype or "auto",
+        )
+        if result.skipped:
+            log.warning(
+                "%d assistant turns left out: the conversation before them leaves no room for %d "
+                "tokens within --seq-length %d",
+                result.skipped,
+                regenerate_max_tokens,
+                seq_length,
+            )
+        write_file(run.regenerated, lambda tmp: write_jsonl(result.samples, tmp))
+        regenerated = len(result.samples)
+        built = datasets.Dataset.from_dict(as_columns(result.samples))
+    else:
+        # One token more than the limit, so that truncated sequences can be counted (speculators
+        # truncates silently), then cut to the limit here.
+        built = build_eagle3_dataset(raw, tokenizer, max_length=seq_length + 1, num_proc=num_proc)
     counts = {"truncated": 0, "without_assistant": 0, "tokens": 0}
 
     def cut(row):
@@ -125,6 +154,8 @@ def prepare(
         )
     write_dir(run.prepared, lambda tmp: prepared.save_to_disk(str(tmp)))
     write_file(run.token_freq, lambda tmp: save_token_frequency_distribution(prepared, str(tmp)))
-    result = PrepareResult(len(prepared), counts["truncated"], counts["without_assistant"], counts["tokens"])
+    result = PrepareResult(
+        len(prepared), counts["truncated"], counts["without_assistant"], counts["tokens"], regenerated
+    )
     run.mark_done("prepare", **vars(result))
     return result

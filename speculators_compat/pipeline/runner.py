@@ -21,6 +21,8 @@ class RunSettings:
     seq_length: int = 2048
     max_samples: int | None = None
     seed: int = 0
+    #: Regenerate the assistant turns with the verifier, at most this many tokens each (None: off).
+    regenerate: int | None = None
     layer_ids: list[int] | None = None
     draft_vocab_size: int | None = None
     batch_size: int = 8
@@ -72,6 +74,7 @@ def claim(run: RunFolder, s: RunSettings, *, resume: bool, overwrite: bool) -> d
         "seq_length": s.seq_length if s.model else None,
         "max_samples": s.max_samples,
         "seed": s.seed if s.model else None,
+        "regenerate": s.regenerate,
         "layer_ids": s.layer_ids,
         "draft_vocab_size": s.draft_vocab_size,
     }
@@ -121,6 +124,8 @@ def run_stages(
                 max_samples=settings.get("max_samples"),
                 seed=settings.get("seed", 0),
                 num_proc=s.num_proc,
+                regenerate_max_tokens=settings.get("regenerate"),
+                dtype=s.dtype,
             )
         elif stage == "extract":
             result = extract(

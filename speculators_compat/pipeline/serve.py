@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -134,6 +135,8 @@ class ServeReport:
     speedup: float
     identical: bool
     mismatched_prompts: list[int] = field(default_factory=list)
+    #: Shims active in the serving engines (fixes of vLLM's own engine bugs only).
+    serving_shims: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         per_pos = " ".join(f"{r:.3f}" for r in self.acceptance_per_position)
@@ -149,13 +152,41 @@ class ServeReport:
             f"without: {self.speedup:.2f}x",
             f"lossless       {'yes: greedy outputs identical' if self.identical else 'NO'}"
             + ("" if self.identical else f" (prompts {self.mismatched_prompts} differ)"),
+            "engines        plain vLLM; shims kept for vLLM's own bugs: "
+            + (", ".join(self.serving_shims) or "none"),
         ]
 
 
-def _engine(request: dict) -> dict:
-    """One engine in a child process that has not imported speculators_compat."""
-    env = {k: v for k, v in os.environ.items() if k != "SPECULATORS_COMPAT_ACTIVE"}
-    env["SPECULATORS_COMPAT_AUTO"] = "0"
+_ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.*)$")
+
+
+def _root_cause(stderr: str) -> str:
+    """The first exception line in a (worker-prefixed) vLLM log: the cause, not the wrapper."""
+    for line in stderr.splitlines():
+        m = _ERROR_LINE.search(line)
+        if m and "Engine core initialization failed" not in line:
+            return f"{m.group(1)}: {m.group(2)}"
+    return "no exception in its log (see below)"
+
+
+def serving_shims() -> list[str]:
+    """The shims the serving engines keep: those fixing bugs of vLLM's own engine on this
+    platform (e.g. vLLM 0.20-0.24's CPU float32 MoE), nothing on speculators' path."""
+    from ..shims import SHIMS
+
+    return [s.name for s in SHIMS if s.serving]
+
+
+def run_engine(request: dict) -> dict:
+    """One engine in a child process (the script never imports speculators_compat); vLLM's
+    plugin activates only :func:`serving_shims` in the engine's processes."""
+    from ..registry import ACTIVE_ENV, DISABLE_ENV
+    from ..shims import SHIMS
+
+    keep = set(serving_shims())
+    env = dict(os.environ)
+    env[ACTIVE_ENV] = "1"
+    env[DISABLE_ENV] = ",".join(s.name for s in SHIMS if s.name not in keep)
     with tempfile.TemporaryDirectory(prefix="serve-check-") as tmp:
         req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
         req.write_text(json.dumps(request))
@@ -167,9 +198,11 @@ def _engine(request: dict) -> dict:
             text=True,
         )
         if proc.returncode != 0 or not res.is_file():
-            tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
             what = "with the draft" if request.get("draft") else "without a draft"
-            raise PipelineError(f"vLLM {what} failed (exit {proc.returncode}):\n{tail}")
+            raise PipelineError(
+                f"vLLM {what} failed (exit {proc.returncode}): {_root_cause(proc.stderr)}\n"
+                + "\n".join(proc.stderr.strip().splitlines()[-12:])
+            )
         return json.loads(res.read_text())
 
 
@@ -219,9 +252,9 @@ def serve_check(
 
     if inspect_model(settings["model"]).wrapper:
         # Text-only serving of a multimodal wrapper (Kimi-K2.5): no image inputs.
-        request["limit_mm_per_prompt"] = {"image": 0, "video": 0}
-    base = _engine(request)
-    spec = _engine({**request, "draft": str(draft)})
+        request["limit_mm_per_prompt"] = text_only_limits()
+    base = run_engine(request)
+    spec = run_engine({**request, "draft": str(draft)})
     c = spec["counters"]
     drafts = int(c.get("vllm:spec_decode_num_drafts", 0))
     draft_tokens = int(c.get("vllm:spec_decode_num_draft_tokens", 0))
@@ -253,5 +286,13 @@ def serve_check(
         speedup=with_s / without_s,
         identical=not mismatched,
         mismatched_prompts=mismatched,
+        serving_shims=serving_shims(),
     )
     return report
+
+
+def text_only_limits() -> dict[str, int]:
+    """``limit_mm_per_prompt`` for a multimodal wrapper served text-only (Kimi-K2.5)."""
+    from ..shims.multimodal_text_only import MODALITIES
+
+    return {m: 0 for m in MODALITIES}

@@ -65,4 +65,5 @@ SHIM = Shim(
     hook_module=MODULE,
     probe=probe,
     patch=patch,
+    serving=True,  # vLLM's own float32 MoE forward fails the same way
 )

@@ -18,7 +18,7 @@ from ._targets import GENERATOR, accepts, module
 NAME = "multimodal_text_only"
 
 # Every modality name vLLM's models register (Kimi-K2.5 uses "vision_chunk").
-_MODALITIES = ("image", "video", "audio", "vision_chunk")
+MODALITIES = ("image", "video", "audio", "vision_chunk")
 
 
 def probe() -> bool:
@@ -32,7 +32,7 @@ def patch():
     def ModelConfig(*args, **kwargs):  # noqa: N802 (stands in for the class)
         config = original(*args, **kwargs)
         if config.is_multimodal_model and "limit_mm_per_prompt" not in kwargs:
-            kwargs["limit_mm_per_prompt"] = {m: 0 for m in _MODALITIES}
+            kwargs["limit_mm_per_prompt"] = {m: 0 for m in MODALITIES}
             config = original(*args, **kwargs)
         return config
 
