@@ -27,8 +27,13 @@ pytestmark = pytest.mark.serving
 
 #: Conversations and epochs of the served demo run (the demo's own defaults: 300, 2).
 SAMPLES, EPOCHS = 300, 2
-#: Position-0 acceptance the served demo draft must reach; set from measurements (README).
-ACCEPTANCE_0 = 0.3
+#: Position-0 acceptance the served demo draft must reach. Measured on vLLM 0.22 (CPU): 0.275
+#: after the demo's 2 epochs, 0.344 after 6; the random verifier bounds it (README, Serving).
+ACCEPTANCE_0 = 0.2
+#: vLLM's per-position acceptance against speculators' own draft forward replayed on the same
+#: windows: measured 0.344/0.150/0.118 against 0.331/0.150/0.121 (near-tied logits of the random
+#: verifier flip a few tokens between the two).
+REPLAY_TOLERANCE = 0.05
 
 
 def _needs_spec_decode():
@@ -63,6 +68,16 @@ def test_demo_draft_is_accepted(served):
     assert report["acceptance_per_position"][0] >= ACCEPTANCE_0, report
 
 
+def test_vllm_accepts_what_the_training_code_predicts(served):
+    """vLLM's counters against speculators' own draft forward on the extracted states, replayed
+    as greedy speculative decoding over the same prompts: the served draft computes what it was
+    trained to compute, position by position."""
+    _, report, _ = served
+    assert abs(report["drafts"] - report["expected_drafts"]) <= 0.1 * report["drafts"], report
+    for got, expected in zip(report["acceptance_per_position"], report["expected_per_position"], strict=True):
+        assert abs(got - expected) <= REPLAY_TOLERANCE, report
+
+
 def test_regenerated_answers_are_the_verifier_own_greedy_tokens(served):
     """The transformers oracle, at every answer position of the training data, picks the token
     the data holds: the samples say what the verifier says."""
@@ -90,6 +105,8 @@ def test_ablation_aux_ids_shifted_back_by_one_is_worse(served, tmp_path):
     shifted = serve_check(run, draft=draft, check_layer_ids=False)
     assert shifted.identical
     assert shifted.aux_layer_ids == [k - 1 for k in report["aux_layer_ids"]]
+    # The training code's replay reads the extracted states, not the config: it does not move.
+    assert shifted.expected_per_position == report["expected_per_position"]
     assert shifted.acceptance_per_position[0] < 0.5 * report["acceptance_per_position"][0], (
         shifted.acceptance_per_position,
         report["acceptance_per_position"],

@@ -96,24 +96,76 @@ def held_out_samples(run: RunFolder) -> list[int]:
     return list(held)
 
 
-def held_out_prompts(run: RunFolder, count: int, into_turn: int) -> list[list[int]]:
-    """Up to ``count`` validation samples cut ``into_turn`` tokens into their first assistant
-    turn (so the verifier continues an answer, the draft's job)."""
+def held_out_windows(run: RunFolder, count: int, into_turn: int) -> list[tuple[int, int]]:
+    """Up to ``count`` (sample index, cut) pairs: validation samples cut ``into_turn`` tokens into
+    their first assistant turn (so the verifier continues an answer, the draft's job)."""
     import torch
 
-    prompts = []
+    windows = []
     for i in held_out_samples(run):
         data = torch.load(run.hidden_states / f"data_{i}.pt", weights_only=True)
         ids, mask = data["input_ids"].tolist(), data["loss_mask"].tolist()
         if 1 not in mask:
             continue
-        cut = min(mask.index(1) + into_turn, len(ids) - 1)
-        prompts.append(ids[:cut])
-        if len(prompts) == count:
+        windows.append((i, min(mask.index(1) + into_turn, len(ids) - 1)))
+        if len(windows) == count:
             break
-    if not prompts:
+    if not windows:
         raise PipelineError(f"{run.root} has no held-out sample with an assistant turn to prompt with.")
-    return prompts
+    return windows
+
+
+def expected_acceptance(
+    run: RunFolder, draft: Path, windows: list[tuple[int, int]], max_tokens: int, steps: int
+) -> tuple[int, list[int]]:
+    """What speculators' own draft (its training forward, on the held-out samples' extracted
+    states) predicts vLLM should accept: greedy speculative decoding replayed over each window,
+    a draft of ``steps`` tokens after every verification. Returns (drafts, accepted per position).
+
+    Valid where the verifier's greedy continuation of the prompt is the sample itself (data from
+    ``prepare --regenerate``); then vLLM's counters must agree, up to numerical near-ties."""
+    import numpy as np
+    import torch
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    d2t = torch.from_numpy(np.load(run.vocab / "d2t.npy"))
+    t2d = torch.from_numpy(np.load(run.vocab / "t2d.npy"))
+    model = Eagle3DraftModel.from_pretrained(str(draft), t2d=t2d, d2t=d2t).eval()
+    for module in model.modules():  # from_pretrained leaves the layer's attention unset
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            config._attn_implementation = "simple_flex_attention"
+    drafts, accepted = 0, [0] * steps
+    for i, cut in windows:
+        data = torch.load(run.hidden_states / f"data_{i}.pt", weights_only=True)
+        ids = data["input_ids"]
+        states = torch.cat(data["hidden_states"][:-1], dim=-1).float()
+        n = len(ids)
+        # speculators' alignment (train/data.py shift_batch): position j holds state j and token
+        # j + 1 and predicts token j + 2; padded to the flex-attention block size.
+        width = -(-(n - 1) // 128) * 128
+        h = torch.zeros(1, width, states.shape[1])
+        h[0, : n - 1] = states[:-1]
+        x = torch.zeros(1, width, dtype=torch.long)
+        x[0, : n - 1] = ids[1:]
+        with torch.no_grad():
+            tokens = model(
+                h,
+                x,
+                lengths=torch.tensor([n - 1]),
+                position_ids=torch.arange(1, width + 1)[None],
+                ttt_steps=steps,
+            )
+        proposals = [t[0] + model.d2t[t[0]] for t in tokens]  # in the verifier's vocabulary
+        p, end = cut, min(cut + max_tokens - 1, n - 1 - steps)  # x_p: the newest verified token
+        while p < end:
+            k = 0
+            while k < steps and int(proposals[k][p - 1 + k]) == int(ids[p + 1 + k]):
+                accepted[k] += 1
+                k += 1
+            drafts += 1
+            p += k + 1
+    return drafts, accepted
 
 
 @dataclass
@@ -134,6 +186,9 @@ class ServeReport:
     tokens_per_s_without: float
     speedup: float
     identical: bool
+    #: speculators' own draft forward replayed over the same windows (:func:`expected_acceptance`).
+    expected_drafts: int = 0
+    expected_per_position: list[float] = field(default_factory=list)
     mismatched_prompts: list[int] = field(default_factory=list)
     #: Shims active in the serving engines (fixes of vLLM's own engine bugs only).
     serving_shims: list[str] = field(default_factory=list)
@@ -147,6 +202,9 @@ class ServeReport:
             f"acceptance     {self.acceptance_rate:.3f} ({self.accepted_tokens} of {self.draft_tokens} "
             f"drafted tokens, {self.drafts} drafts)",
             f"per position   {per_pos}  (accepted {self.accepted_per_position})",
+            "training code  "
+            + " ".join(f"{r:.3f}" for r in self.expected_per_position)
+            + f"  (speculators' draft forward replayed on the same windows, {self.expected_drafts} drafts)",
             f"mean accepted length {self.mean_accepted_length:.2f} tokens per verifier step",
             f"tokens/s       {self.tokens_per_s_with:.1f} with the draft, {self.tokens_per_s_without:.1f} "
             f"without: {self.speedup:.2f}x",
@@ -236,7 +294,13 @@ def serve_check(
             "id k is the state entering layer k). Train it again with this version of "
             f'speculators-compat, or set "eagle_aux_hidden_state_layer_ids": {expected} there.'
         )
-    chosen = held_out_prompts(run, prompts, into_turn)
+    windows = held_out_windows(run, prompts, into_turn)
+    import torch
+
+    chosen = [
+        torch.load(run.hidden_states / f"data_{i}.pt", weights_only=True)["input_ids"][:cut].tolist()
+        for i, cut in windows
+    ]
     longest = max(len(p) for p in chosen) + max_tokens + num_speculative_tokens + 1
     request = {
         "verifier": settings["model"],
@@ -266,6 +330,7 @@ def serve_check(
             f"(spec-decode counters: {c}): speculative decoding did not run."
         )
     mismatched = [i for i, (a, b) in enumerate(zip(base["outputs"], spec["outputs"], strict=True)) if a != b]
+    expected_drafts, expected = expected_acceptance(run, draft, windows, max_tokens, num_speculative_tokens)
     with_s = spec["generated"] / spec["seconds"]
     without_s = base["generated"] / base["seconds"]
     report = ServeReport(
@@ -285,6 +350,8 @@ def serve_check(
         tokens_per_s_without=without_s,
         speedup=with_s / without_s,
         identical=not mismatched,
+        expected_drafts=expected_drafts,
+        expected_per_position=[v / max(expected_drafts, 1) for v in expected],
         mismatched_prompts=mismatched,
         serving_shims=serving_shims(),
     )
