@@ -144,3 +144,44 @@ def test_serve_check_refuses_a_draft_with_other_layer_ids(served, tmp_path):
     proc = cli("serve-check", "--out", run.root, "--draft", draft)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "eagle_aux_hidden_state_layer_ids" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def served_kimi(tmp_path_factory):
+    """The same pipeline on the tiny Kimi-K2.5 wrapper (vLLM's KimiK25ForConditionalGeneration
+    takes EAGLE-3 aux layers through its language model), smaller: run, then serve-check."""
+    _needs_spec_decode()
+    from speculators_compat.tiny import build, chat_dataset_path
+    from tests.conftest import unsupported_reason
+
+    reason = unsupported_reason("KimiK25ForConditionalGeneration")
+    if reason:
+        pytest.skip(reason)
+    model = build("kimi-k25-tiny", "float32")
+    out = tmp_path_factory.mktemp("served-kimi") / "run"
+    args = ["--model", model, "--data", chat_dataset_path(), "--out", out, "--max-samples", KIMI_SAMPLES]
+    args += ["--regenerate", 64, "--seq-length", 256, "--dtype", "float32", "--batch-size", 32]
+    args += ["--draft-vocab-size", 256, "--epochs", EPOCHS, "--lr", "1e-3", "--total-seq-len", 1024]
+    proc = cli("run", *args, "--quiet", timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    check = cli("serve-check", "--out", out, timeout=1800)
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-5000:]
+    run = RunFolder(out)
+    return run, json.loads(run.serve_report.read_text())
+
+
+#: Conversations of the Kimi-K2.5 run (one regenerated sample per assistant turn).
+KIMI_SAMPLES = 150
+
+
+def test_kimi_k25_draft_is_fed_its_training_states_and_served_losslessly(served_kimi):
+    from tests.test_pipeline import assert_served_states_equal_training_states
+
+    run, report = served_kimi
+    assert_served_states_equal_training_states(run)
+    assert report["identical"], report["mismatched_prompts"]
+    assert report["drafts"] > 0
+    assert abs(report["drafts"] - report["expected_drafts"]) <= 0.1 * report["drafts"], report
+    for got, expected in zip(report["acceptance_per_position"], report["expected_per_position"], strict=True):
+        assert abs(got - expected) <= REPLAY_TOLERANCE, report
+    assert report["acceptance_per_position"][0] >= KIMI_ACCEPTANCE_0, report
