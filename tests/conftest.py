@@ -129,6 +129,7 @@ def _ipex_without_bf16() -> bool:
 TRAINS = (
     "tests/shims/test_checkpointer_cpu.py",
     "tests/shims/test_draft_eager_on_cpu.py",
+    "tests/shims/test_draft_attention_cpu_grad.py::test_training_step_on_cpu",
     "tests/shims/test_draft_from_pretrained.py",
     "tests/shims/test_draft_verifier_wrapper.py",
     "tests/shims/test_training_target_final_norm.py",
@@ -137,6 +138,8 @@ TRAINS = (
     "tests/test_pipeline.py::test_draft_loads",
     "tests/test_pipeline.py::test_run_again",
     "tests/test_pipeline.py::test_torchrun",
+    "tests/test_pipeline.py::test_served_draft",
+    "tests/test_serving.py",
     "tests/test_preflight.py::test_preflight_",
 )
 

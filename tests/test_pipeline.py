@@ -24,7 +24,7 @@ SAMPLES = 40
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "run"
-    proc = cli("demo", "--out", out, "--samples", SAMPLES, "--epochs", 2, "--quiet")
+    proc = cli("demo", "--out", out, "--samples", SAMPLES, "--epochs", 2, "--no-regenerate", "--quiet")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return RunFolder(out), proc.stdout
 
@@ -128,7 +128,7 @@ def test_served_draft_is_fed_the_states_it_was_trained_on(demo_run):
 def test_run_again_continues_and_skips_complete_stages(demo_run):
     run, _ = demo_run
     before = {p.name: p.stat().st_mtime_ns for p in run.hidden_states.glob("data_*.pt")}
-    proc = cli("demo", "--out", run.root, "--samples", SAMPLES, "--epochs", 2, "--quiet")
+    proc = cli("demo", "--out", run.root, "--samples", SAMPLES, "--epochs", 2, "--no-regenerate", "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("already complete") == 4
     assert {p.name: p.stat().st_mtime_ns for p in run.hidden_states.glob("data_*.pt")} == before

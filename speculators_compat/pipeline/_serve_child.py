@@ -17,7 +17,8 @@ import time
 
 
 def main(request_path: str, result_path: str) -> None:
-    request = json.loads(open(request_path).read())
+    with open(request_path) as f:
+        request = json.load(f)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

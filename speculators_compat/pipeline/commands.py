@@ -15,7 +15,6 @@ from .layout import STAGES, RunFolder
 from .runner import RunSettings, StageReport, claim, environment_line, run_stages
 from .train import TrainOptions
 
-
 #: Tokens per regenerated assistant turn in the demo (its chat answers are 40-120 tokens).
 DEMO_REGENERATE_TOKENS = 128
 
@@ -370,7 +369,9 @@ def register_serve_check(main) -> None:
         default=None,
         help="Draft checkpoint folder (default: the run's latest checkpoints/<epoch>).",
     )
-    @click.option("--prompts", default=16, show_default=True, help="Held-out prompts (validation samples).")
+    @click.option(
+        "--prompts", default=64, show_default=True, help="Held-out prompts (validation samples, at most)."
+    )
     @click.option("--max-tokens", default=32, show_default=True, help="Greedy tokens per prompt.")
     @click.option(
         "--num-speculative-tokens", default=3, show_default=True, help="Draft tokens per verifier step."

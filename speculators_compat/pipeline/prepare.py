@@ -92,7 +92,6 @@ def prepare(
         tokenizer.pad_token = tokenizer.eos_token
     regenerated = None
     if regenerate_max_tokens:
-        from .atomic import write_file
         from .regenerate import as_columns, regenerate, write_jsonl
 
         result = regenerate(

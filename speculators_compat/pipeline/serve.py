@@ -268,7 +268,7 @@ def serve_check(
     run: RunFolder,
     *,
     draft: str | Path | None = None,
-    prompts: int = 16,
+    prompts: int = 64,
     max_tokens: int = 32,
     into_turn: int = 8,
     num_speculative_tokens: int = 3,

@@ -42,7 +42,9 @@ def patch():
     mod = module(ATTENTION)
     original = mod.flex_attention
 
-    def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False, **kw):
+    def flex_attention(
+        query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False, **kw
+    ):
         refused = (
             query.device.type == "cpu"
             and torch.is_grad_enabled()
