@@ -80,9 +80,9 @@ def _common(stages: tuple[str, ...]):
                     type=int,
                     default=None,
                     metavar="MAX_TOKENS",
-                    help="Rewrite every assistant turn with the verifier's own greedy answer (in "
-                    "vLLM, at most MAX_TOKENS tokens each) before tokenizing: the draft then learns "
-                    "what the verifier says, which raises acceptance.",
+                    help="Train on the verifier's own answers: every assistant turn answered again "
+                    "by the verifier in vLLM (greedy, at most MAX_TOKENS tokens), one sample per "
+                    "turn, kept as the token ids it produced. Raises acceptance.",
                 ),
                 click.option("--num-proc", default=1, show_default=True, help="Processes for tokenization."),
             ]
@@ -381,10 +381,12 @@ def register_serve_check(main) -> None:
         """Serve the run's draft next to its verifier in vLLM's own EAGLE-3 speculative decoding
         and measure it on held-out prompts.
 
-        Prints vLLM's acceptance counters (rate, per position, mean accepted length), tokens/s
-        with and without the draft, and whether greedy outputs are identical (they must be);
-        writes serve_check.json in the run folder. Exits 1 if the outputs differ. Needs a vLLM
-        that runs speculative decoding here (GPU, or a CPU build of 0.20-0.22)."""
+        Prints vLLM's acceptance counters (rate, per position, mean accepted length), what
+        speculators' own draft forward predicts for the same prompts, tokens/s with and without
+        the draft, and whether greedy outputs are identical (they must be); writes
+        serve_check.json in the run folder. Exits 1 if the outputs differ. Refuses a draft whose
+        eagle_aux_hidden_state_layer_ids are not its training data's. Needs a vLLM that runs
+        speculative decoding here (GPU, or a CPU build of 0.20-0.22 or 0.32)."""
         _logging(quiet=True)
         run = RunFolder(out)
         ok = _serve_check(

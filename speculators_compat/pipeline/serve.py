@@ -34,11 +34,11 @@ from .layout import RunFolder
 
 log = logging.getLogger("speculators_compat.pipeline")
 
-#: vLLM's CPU builds run EAGLE-3 speculative decoding from 0.20 (up to 0.19 the CPU model runner
-#: asserts "spec decode is not supported."). 0.23 and 0.24's CPU builds die at engine start with
-#: a speculative config (``_sample_recovered_tokens_kernel_impl() got an unexpected keyword
-#: argument 'USE_FP64_GUMBEL'``).
-CPU_SPEC_DECODE = ">=0.20,<0.23 || >=0.25"
+#: vLLM's CPU builds that run EAGLE-3 speculative decoding: from 0.20 (up to 0.19 the CPU model
+#: runner asserts "spec decode is not supported."); 0.23 and 0.24's CPU builds die at engine start
+#: with a speculative config (``_sample_recovered_tokens_kernel_impl() got an unexpected keyword
+#: argument 'USE_FP64_GUMBEL'``), fixed by 0.32 (0.25-0.31 not checked).
+CPU_SPEC_DECODE = ">=0.20,<0.23 || >=0.32"
 
 
 def vllm_aux_layer_ids(captured: list[int]) -> list[int]:
@@ -71,8 +71,8 @@ def cpu_spec_decode_unsupported() -> str | None:
     if any(in_range(version, part.strip()) for part in CPU_SPEC_DECODE.split("||")):
         return None
     return (
-        f"vLLM {version}'s CPU backend cannot run EAGLE-3 speculative decoding (CPU builds can from "
-        "0.20 to 0.22 and from 0.25; up to 0.19: 'spec decode is not supported.'; 0.23/0.24: "
+        f"vLLM {version}'s CPU backend cannot run EAGLE-3 speculative decoding here (CPU builds "
+        f"that can: {CPU_SPEC_DECODE}; up to 0.19: 'spec decode is not supported.'; 0.23/0.24: "
         "'unexpected keyword argument USE_FP64_GUMBEL')"
     )
 
