@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from .errors import PipelineError
-from .layout import STAGES, RunFolder
+from .layout import IDENTITY, STAGES, RunFolder
 from .runner import RunSettings, StageReport, claim, environment_line, run_stages
 from .train import TrainOptions
 
@@ -159,19 +159,8 @@ def _settings(kw: dict) -> RunSettings:
         }
     )
     s = RunSettings(train=train)
-    for k in (
-        "model",
-        "data",
-        "seq_length",
-        "max_samples",
-        "seed",
-        "regenerate",
-        "layer_ids",
-        "draft_vocab_size",
-        "batch_size",
-        "tensor_parallel_size",
-        "num_proc",
-    ):
+    # The run's identity settings, then those that may change between invocations.
+    for k in (*IDENTITY, "batch_size", "tensor_parallel_size", "num_proc"):
         if k in kw:
             setattr(s, k, str(kw[k]) if isinstance(kw[k], Path) else kw[k])
     if kw.get("dtype") not in (None, "auto"):
