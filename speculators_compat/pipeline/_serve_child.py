@@ -2,10 +2,10 @@
 EAGLE-3 draft, timed, with vLLM's own speculative-decoding counters; or (``chats`` in the
 request) every assistant turn of a chat dataset answered again by the model.
 
-Run by path (``python _serve_child.py REQUEST.json RESULT.json``), never imported: the process
-must not import ``speculators_compat`` (importing it activates the shims), so what is measured
-is vLLM itself. The parent (:mod:`speculators_compat.pipeline.serve`) also leaves
-``SPECULATORS_COMPAT_ACTIVE`` out of this process's environment.
+Run by path (``python _serve_child.py REQUEST.json RESULT.json``), never imported: the script
+does not import ``speculators_compat`` (importing it activates every shim), so what is measured
+is vLLM itself; the parent (:mod:`speculators_compat.pipeline.serve`) sets the environment so
+that vLLM's plugin activates only the shims that fix vLLM's own engine.
 """
 
 from __future__ import annotations

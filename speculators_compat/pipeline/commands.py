@@ -340,8 +340,8 @@ def _serve_check(run: RunFolder, **kw) -> bool:
     report = serve_check(run, **kw)
     for line in report.lines():
         click.echo(f"  {line}")
-    click.echo(f"  serve-check {time.perf_counter() - t0:.1f} s; report in {run.serve_report}")
     write_json(run.serve_report, dataclasses.asdict(report))
+    click.echo(f"  serve-check {time.perf_counter() - t0:.1f} s; report in {run.serve_report}")
     if not report.identical:
         click.secho("FAIL: greedy outputs with the draft differ from those without it", fg="red")
     return report.identical

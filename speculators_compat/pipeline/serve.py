@@ -7,8 +7,10 @@ vLLM's own ``vllm:spec_decode_*`` counters (acceptance rate, accepted tokens per
 accepted length), tokens/s both ways, and whether greedy outputs are identical (speculative
 decoding is lossless: they must be).
 
-Each engine runs in a child process that never imports ``speculators_compat`` and does not
-inherit ``SPECULATORS_COMPAT_ACTIVE``: what is measured is vLLM as a user serves the draft.
+Each engine runs in a child process whose script never imports ``speculators_compat``; vLLM's
+plugin activates there only the shims that fix vLLM's own engine (``Shim.serving``, e.g. its CPU
+float32 MoE on 0.20-0.24), none on speculators' path: what is measured is vLLM as a user serves
+the draft.
 
 Layer ids. speculators 0.3.0 captures decoder layer k's *output*; vLLM's
 ``eagle_aux_hidden_state_layer_ids`` entry k is the state *entering* layer k. The draft's
@@ -96,9 +98,9 @@ def held_out_samples(run: RunFolder) -> list[int]:
     return list(held)
 
 
-def held_out_windows(run: RunFolder, count: int, into_turn: int) -> list[tuple[int, int]]:
-    """Up to ``count`` (sample index, cut) pairs: validation samples cut ``into_turn`` tokens into
-    their first assistant turn (so the verifier continues an answer, the draft's job)."""
+def held_out_windows(run: RunFolder, count: int, into_turn: int) -> list[tuple[int, int, list[int]]]:
+    """Up to ``count`` (sample index, cut, token ids) triples: validation samples cut ``into_turn``
+    tokens into their first assistant turn (the verifier continues an answer, the draft's job)."""
     import torch
 
     windows = []
@@ -107,7 +109,7 @@ def held_out_windows(run: RunFolder, count: int, into_turn: int) -> list[tuple[i
         ids, mask = data["input_ids"].tolist(), data["loss_mask"].tolist()
         if 1 not in mask:
             continue
-        windows.append((i, min(mask.index(1) + into_turn, len(ids) - 1)))
+        windows.append((i, min(mask.index(1) + into_turn, len(ids) - 1), ids))
         if len(windows) == count:
             break
     if not windows:
@@ -116,7 +118,7 @@ def held_out_windows(run: RunFolder, count: int, into_turn: int) -> list[tuple[i
 
 
 def expected_acceptance(
-    run: RunFolder, draft: Path, windows: list[tuple[int, int]], max_tokens: int, steps: int
+    run: RunFolder, draft: Path, windows: list[tuple[int, int, list[int]]], max_tokens: int, steps: int
 ) -> tuple[int, list[int]]:
     """What speculators' own draft (its training forward, on the held-out samples' extracted
     states) predicts vLLM should accept: greedy speculative decoding replayed over each window,
@@ -136,7 +138,7 @@ def expected_acceptance(
         if config is not None and hasattr(config, "_attn_implementation"):
             config._attn_implementation = "simple_flex_attention"
     drafts, accepted = 0, [0] * steps
-    for i, cut in windows:
+    for i, cut, _ in windows:
         data = torch.load(run.hidden_states / f"data_{i}.pt", weights_only=True)
         ids = data["input_ids"]
         states = torch.cat(data["hidden_states"][:-1], dim=-1).float()
@@ -295,12 +297,7 @@ def serve_check(
             f'speculators-compat, or set "eagle_aux_hidden_state_layer_ids": {expected} there.'
         )
     windows = held_out_windows(run, prompts, into_turn)
-    import torch
-
-    chosen = [
-        torch.load(run.hidden_states / f"data_{i}.pt", weights_only=True)["input_ids"][:cut].tolist()
-        for i, cut in windows
-    ]
+    chosen = [ids[:cut] for _, cut, ids in windows]
     longest = max(len(p) for p in chosen) + max_tokens + num_speculative_tokens + 1
     request = {
         "verifier": settings["model"],
