@@ -37,6 +37,18 @@ ACCEPTANCE_0 = 0.2
 REPLAY_TOLERANCE = 0.05
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _scalar_inductor_kernels():
+    """vLLM 0.20+ on CPU compiles its random sampler with inductor at every engine start, and
+    inductor first builds and loads a test program per vector ISA: about 25 s of a 40 s engine
+    start on 2 cores, and these tests start a dozen engines. Scalar code for that kernel instead
+    (greedy decoding, all these tests use, never runs it). Only here: it also changes how
+    inductor lowers other graphs (e.g. the error draft_eager_on_cpu's test expects)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHINDUCTOR_VEC_ISA_OK", "0")
+        yield
+
+
 def _needs_spec_decode():
     reason = cpu_spec_decode_unsupported()
     if reason:
