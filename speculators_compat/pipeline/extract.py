@@ -31,10 +31,16 @@ class ExtractResult:
     layer_ids: list[int]
 
 
+def sample_index(path: str | Path) -> int | None:
+    """``i`` of a ``data_{i}.pt`` file, None for any other name."""
+    m = _SAMPLE.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def existing_samples(folder: Path) -> set[int]:
     if not folder.is_dir():
         return set()
-    return {int(m.group(1)) for p in folder.iterdir() if (m := _SAMPLE.match(p.name))}
+    return {i for p in folder.iterdir() if (i := sample_index(p)) is not None}
 
 
 def compat_record(info: ModelInfo, layer_ids: list[int], dtype: str | None) -> dict:

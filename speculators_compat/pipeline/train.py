@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import PipelineError
+from .extract import sample_index
 from .layout import RunFolder
 from .model_info import ModelInfo
 
@@ -42,10 +43,6 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     #: Samples training held out (``serve-check`` prompts with them).
     validation_samples: list[int] = field(default_factory=list)
-
-
-def _sample_index(path) -> int:
-    return int(Path(path).stem.removeprefix("data_"))
 
 
 class _MetricsFile(logging.Handler):
@@ -231,7 +228,7 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
         losses[0] if losses else None,
         losses[-1] if losses else None,
         losses,
-        sorted(_sample_index(f) for f in val_files),
+        sorted(sample_index(f) for f in val_files),
     )
     if rank == 0:
         facts = {k: v for k, v in vars(result).items() if k != "losses"}
