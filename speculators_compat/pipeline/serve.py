@@ -105,7 +105,8 @@ def held_out_windows(run: RunFolder, count: int, into_turn: int) -> list[tuple[i
 
     windows = []
     for i in held_out_samples(run):
-        data = torch.load(run.hidden_states / f"data_{i}.pt", weights_only=True)
+        # Memory-mapped: only the ids and mask are read, not the states (MBs a sample at 7168 wide).
+        data = torch.load(run.hidden_states / f"data_{i}.pt", weights_only=True, mmap=True)
         ids, mask = data["input_ids"].tolist(), data["loss_mask"].tolist()
         if 1 not in mask:
             continue
