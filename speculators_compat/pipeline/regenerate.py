@@ -26,8 +26,6 @@ from .errors import PipelineError
 
 log = logging.getLogger("speculators_compat.pipeline")
 
-_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-
 
 @dataclass
 class Regenerated:
@@ -36,23 +34,18 @@ class Regenerated:
     skipped: int
 
 
-def _messages(turns: list[dict]) -> list[dict]:
-    out = []
-    for turn in turns:
-        role = _ROLES.get(turn.get("from", turn.get("role", "")))
-        if role is not None:
-            out.append({"role": role, "content": turn.get("value", turn.get("content", ""))})
-    return out
-
-
 def regenerate(
     conversations: list[list[dict]], *, model: Path, seq_length: int, max_tokens: int, dtype: str
 ) -> Regenerated:
     """The verifier's greedy answer (at most ``max_tokens``) at every assistant turn."""
+    # speculators' own turn normalisation (from/value or role/content, human/gpt roles), so the
+    # prompts are the conversations its preprocessing would format.
+    from speculators.data_generation.preprocessing import _normalize_conversation
+
     from .model_info import inspect_model
     from .serve import run_engine, text_only_limits
 
-    chats = [_messages(c) for c in conversations]
+    chats = [_normalize_conversation(c) for c in conversations]
     if not any(m["role"] == "assistant" for c in chats for m in c):
         raise PipelineError("no assistant turn to regenerate: check the roles ('gpt'/'assistant').")
     if max_tokens >= seq_length:
