@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).parents[1]
 
@@ -26,3 +29,28 @@ def prepare(model, out, *args, data=None) -> subprocess.CompletedProcess:
     from speculators_compat.tiny import chat_dataset_path
 
     return cli("prepare", "--model", model, "--data", data or chat_dataset_path(), "--out", out, *args)
+
+
+def assert_served_states_equal_training_states(run) -> None:
+    """The saved draft names vLLM's aux layer ids (the state *entering* layer k), derived from the
+    captured layer ids; for every sequence and layer, the state vLLM feeds for those ids (the
+    transformers oracle's output_hidden_states[k], the same convention) equals the training data.
+    Read one layer early (the captured ids taken as vLLM ids), the states differ."""
+    from speculators_compat.pipeline.serve import captured_layer_ids, latest_checkpoint
+    from speculators_compat.reference import TOLERANCE, ReferenceModel, relative_error
+
+    captured = captured_layer_ids(run)
+    config = json.loads((latest_checkpoint(run) / "config.json").read_text())
+    aux = config["eagle_aux_hidden_state_layer_ids"]
+    assert aux == [k + 1 for k in captured[:-1]], (aux, captured)
+    reference = ReferenceModel(run.settings()["model"])
+    worst, shifted_best = 0.0, float("inf")
+    for path in sorted(run.hidden_states.glob("data_*.pt")):
+        data = torch.load(path, weights_only=True)
+        entering = reference.entering_states(data["input_ids"].tolist())
+        for j, layer in enumerate(aux):
+            state = data["hidden_states"][j].float()
+            worst = max(worst, relative_error(state, entering[layer]))
+            shifted_best = min(shifted_best, relative_error(state, entering[layer - 1]))
+    assert worst <= TOLERANCE["float32"], worst
+    assert shifted_best > 0.1, shifted_best

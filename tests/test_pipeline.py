@@ -16,7 +16,7 @@ import torch
 from speculators_compat.pipeline.check import check_against_reference
 from speculators_compat.pipeline.layout import RunFolder
 from speculators_compat.reference import TOLERANCE
-from tests.pipeline_helpers import ROOT, cli, prepare
+from tests.pipeline_helpers import ROOT, assert_served_states_equal_training_states, cli, prepare
 
 SAMPLES = 40
 
@@ -93,31 +93,6 @@ def test_draft_loads_with_speculators_from_pretrained(demo_run):
     assert "fc.weight" in saved and "verifier_lm_head.weight" not in saved
     for name in ("fc.weight", "lm_head.weight"):
         assert torch.equal(model.state_dict()[name].to(saved[name].dtype), saved[name]), name
-
-
-def assert_served_states_equal_training_states(run: RunFolder) -> None:
-    """The saved draft names vLLM's aux layer ids (the state *entering* layer k), derived from the
-    captured layer ids; for every sequence and layer, the state vLLM feeds for those ids (the
-    transformers oracle's output_hidden_states[k], the same convention) equals the training data.
-    Read one layer early (the captured ids taken as vLLM ids), the states differ."""
-    from speculators_compat.pipeline.serve import captured_layer_ids, latest_checkpoint
-    from speculators_compat.reference import ReferenceModel, relative_error
-
-    captured = captured_layer_ids(run)
-    config = json.loads((latest_checkpoint(run) / "config.json").read_text())
-    aux = config["eagle_aux_hidden_state_layer_ids"]
-    assert aux == [k + 1 for k in captured[:-1]], (aux, captured)
-    reference = ReferenceModel(run.settings()["model"])
-    worst, shifted_best = 0.0, float("inf")
-    for path in sorted(run.hidden_states.glob("data_*.pt")):
-        data = torch.load(path, weights_only=True)
-        entering = reference.entering_states(data["input_ids"].tolist())
-        for j, layer in enumerate(aux):
-            state = data["hidden_states"][j].float()
-            worst = max(worst, relative_error(state, entering[layer]))
-            shifted_best = min(shifted_best, relative_error(state, entering[layer - 1]))
-    assert worst <= TOLERANCE["float32"], worst
-    assert shifted_best > 0.1, shifted_best
 
 
 def test_served_draft_is_fed_the_states_it_was_trained_on(demo_run):

@@ -21,7 +21,7 @@ from speculators_compat.pipeline.serve import (
     latest_checkpoint,
     serve_check,
 )
-from tests.pipeline_helpers import cli
+from tests.pipeline_helpers import assert_served_states_equal_training_states, cli
 
 pytestmark = pytest.mark.serving
 
@@ -132,8 +132,6 @@ def test_ablation_aux_ids_shifted_back_by_one_is_worse(served, tmp_path):
 
 
 def test_served_draft_is_fed_the_states_it_was_trained_on(served):
-    from tests.test_pipeline import assert_served_states_equal_training_states
-
     run, _, _ = served
     assert_served_states_equal_training_states(run)
 
@@ -196,8 +194,6 @@ KIMI_ACCEPTANCE_0 = 0.15
 
 
 def test_kimi_k25_draft_is_fed_its_training_states_and_served_losslessly(served_kimi):
-    from tests.test_pipeline import assert_served_states_equal_training_states
-
     run, report = served_kimi
     assert_served_states_equal_training_states(run)
     assert report["identical"], report["mismatched_prompts"]

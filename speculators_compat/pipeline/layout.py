@@ -2,7 +2,7 @@
 
     RUN/
       run.json              settings of the run and which stages are complete
-      regenerated.jsonl     the chat data with the verifier's own answers (prepare --regenerate)
+      regenerated.jsonl     the verifier's own answers: prompt ids, answer ids and text (prepare --regenerate)
       prepared/             token ids and loss masks (a ``datasets`` dataset on disk)
       token_freq.pt         token frequencies of the assistant tokens (speculators' format)
       hidden_states/        data_{i}.pt + data_config.json (speculators 0.3.0's format)
