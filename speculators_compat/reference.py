@@ -13,6 +13,7 @@ stripped into the transformers class of ``text_config``.
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import torch
@@ -103,23 +104,28 @@ _TEXT_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
 
 
 def _load_text_model_of_wrapper(model_dir: Path, raw: dict):
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file, save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     text = dict(raw["text_config"])
     model_type = text.pop("model_type")
     # Kimi-K2's text model type is a DeepSeek-V3 under another name (remote code upstream).
     config = AutoConfig.for_model(_TEXT_MODEL_TYPES.get(model_type, model_type), **text)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(model_dir.glob("*.safetensors")):
         for key, value in load_file(str(shard)).items():
             if key.startswith("language_model."):
                 state[key.removeprefix("language_model.")] = value.float()
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Through from_pretrained, on a folder holding the text model alone: transformers converts the
+    # checkpoint layout (one tensor per expert) to its own (transformers 5 fuses the experts).
+    with tempfile.TemporaryDirectory() as tmp:
+        config.save_pretrained(tmp)
+        save_file(state, str(Path(tmp) / "model.safetensors"), metadata={"format": "pt"})
+        model, info = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, output_loading_info=True)
+    missing, unexpected = info["missing_keys"], info["unexpected_keys"]
     if missing or unexpected:
         raise RuntimeError(
             f"{model_dir}: text weights under 'language_model.' do not fit {config.architectures}: "
-            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
         )
     return model

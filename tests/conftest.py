@@ -100,11 +100,6 @@ TRANSFORMERS_5_IMPORT_ORDER = (
     "config_dtype_annotation shim is in place: importing speculators first, or with every shim "
     "refused (unsupported versions), fails with PydanticUndefinedAnnotation"
 )
-KIMI_FUSED_PROCESSOR = (
-    "vLLM >= 0.32 builds Kimi-K2.5's media processor itself (KimiK25FusedVisionProcessor) from "
-    "the checkpoint's media_proc_cfg, which the tiny Kimi-K2.5 fixture does not ship yet "
-    "(KeyError: 'merge_kernel_size')"
-)
 IPEX_WITHOUT_BF16 = (
     "vLLM 0.11 runs bfloat16 models on CPU through intel_extension_for_pytorch, whose weight "
     "prepacking needs AVX-512 (or AVX-NE-CONVERT); on this CPU it refuses: 'BF16 weight prepack "
@@ -145,14 +140,11 @@ TRAINS = (
 
 
 def _known_failures():
-    import importlib.util
-
     from packaging.version import Version
 
     from speculators_compat.versions import installed_versions
 
     transformers_5 = (installed_versions().transformers or Version("0")) >= Version("5")
-    fused_kimi = importlib.util.find_spec("vllm.transformers_utils.processors.kimi_k25_vision_fused")
     return [
         (
             transformers_5,
@@ -175,14 +167,6 @@ def _known_failures():
             # engines started in bfloat16; preflight runs the config's dtype (DeepSeek-V3: bf16)
             lambda item: "-bfloat16]" in item.nodeid
             or item.nodeid.startswith("tests/test_preflight.py::test_preflight_deepseek_v3_like"),
-        ),
-        (
-            fused_kimi is not None,
-            KIMI_FUSED_PROCESSOR,
-            lambda item: (
-                "kimi-k25-tiny" in item.nodeid and not item.nodeid.startswith("tests/test_fixtures.py")
-            )
-            or item.nodeid.startswith("tests/shims/test_multimodal_text_only.py"),
         ),
     ]
 

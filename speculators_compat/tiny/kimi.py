@@ -111,8 +111,10 @@ def _make_tokenizer_remote_code(out: Path) -> None:
 
 
 def build_kimi_k25(recipe: dict, base: dict, dtype: str, out: Path) -> None:
+    import tempfile
+
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     from . import make_tokenizer, random_model, save_generation_config, text_config
 
@@ -120,9 +122,12 @@ def build_kimi_k25(recipe: dict, base: dict, dtype: str, out: Path) -> None:
     tokenizer = make_tokenizer(base)
     text = text_config(base, tokenizer, dtype)
     model = random_model(text, recipe.get("seed", 0))
-    state = {
-        f"language_model.{k}": v.to(getattr(torch, dtype)).contiguous() for k, v in model.state_dict().items()
-    }
+    model.to(getattr(torch, dtype))
+    # The text model's weights as save_pretrained writes them: the checkpoint layout (one tensor
+    # per expert, as the real Kimi-K2.5 ships), not transformers 5's fused in-memory experts.
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        state = {f"language_model.{k}": v for k, v in load_file(str(Path(tmp) / "model.safetensors")).items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     text_dict = text.to_dict()
@@ -149,6 +154,12 @@ def build_kimi_k25(recipe: dict, base: dict, dtype: str, out: Path) -> None:
         "image_processor_type": "KimiK25TinyImageProcessor",
         "patch_size": vision["patch_size"],
         "merge_kernel_size": vision["merge_kernel_size"],
+        # what vLLM >= 0.32's own processor (KimiK25FusedVisionProcessor) is built from
+        "media_proc_cfg": {
+            **wrapper["media_proc_cfg"],
+            "patch_size": vision["patch_size"],
+            "merge_kernel_size": vision["merge_kernel_size"][0],
+        },
     }
     (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2) + "\n")
     tokenizer.save_pretrained(str(out))
