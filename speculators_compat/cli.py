@@ -56,7 +56,7 @@ def fixtures_list() -> None:
 
     for name in list_recipes():
         recipe = load_recipe(name)
-        click.echo(f"{name:<18} {recipe['architecture']:<36} dtypes: {', '.join(recipe['dtypes'])}")
+        click.echo(f"{name:<21} {recipe['architecture']:<36} dtypes: {', '.join(recipe['dtypes'])}")
 
 
 @fixtures.command("build")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from . import cpu_mla
 from .capture import CaptureState
 from .reference import is_multimodal_wrapper
 
@@ -22,15 +23,13 @@ __all__ = ["VllmLayerProbe", "cpu_engine_env"]
 
 
 def cpu_engine_env() -> dict[str, str]:
-    """Environment defaults for running vLLM's CPU backend on a tiny model.
-
-    MLA has no CPU kernel (vLLM: "MLA is not supported on CPU."), so DeepSeek attention is built
-    without it; a 1 GiB KV cache is plenty for a tiny model and makes start-up fast. Values the
-    caller already set win. Nothing is set when a GPU is present.
+    """Environment defaults for running vLLM's CPU backend on a tiny model: a 1 GiB KV cache is
+    plenty and makes start-up fast. Values the caller already set win. Nothing is set when a GPU
+    is present. (MLA: :mod:`speculators_compat.cpu_mla` decides per model.)
     """
     if torch.cuda.is_available():
         return {}
-    return {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    return {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 class VllmLayerProbe:
@@ -64,6 +63,9 @@ class VllmLayerProbe:
             from .shims.multimodal_text_only import MODALITIES
 
             kwargs["limit_mm_per_prompt"] = {m: 0 for m in MODALITIES}
+        mla = cpu_mla.apply(cpu_mla.choose(model_dir))
+        if mla is not None and mla.use_mla and mla.backend:
+            kwargs["attention_backend"] = mla.backend
         kwargs.update(engine_kwargs)
         self.llm = LLM(**kwargs)
         self._capture: CaptureState | None = None

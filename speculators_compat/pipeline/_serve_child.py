@@ -48,6 +48,8 @@ def main(request_path: str, result_path: str) -> None:
         kwargs["trust_remote_code"] = True
     if request.get("hf_overrides"):
         kwargs["hf_overrides"] = request["hf_overrides"]
+    if request.get("attention_backend"):
+        kwargs["attention_backend"] = request["attention_backend"]
     if request.get("limit_mm_per_prompt") is not None:
         kwargs["limit_mm_per_prompt"] = request["limit_mm_per_prompt"]
     llm = LLM(**kwargs)

@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import cpu_mla
 from .errors import PipelineError
 from .layout import RunFolder
 
@@ -245,6 +246,9 @@ def run_engine(request: dict) -> dict:
     from ..shims import SHIMS
 
     keep = set(serving_shims())
+    mla = cpu_mla.apply(cpu_mla.choose(request["verifier"]))
+    if mla is not None and mla.use_mla and mla.backend:
+        request = {**request, "attention_backend": mla.backend}
     env = dict(os.environ)
     env[ACTIVE_ENV] = "1"
     env[DISABLE_ENV] = ",".join(s.name for s in SHIMS if s.name not in keep)

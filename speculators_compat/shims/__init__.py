@@ -21,6 +21,7 @@
 | tokenizer_remote_code | all | Kimi-K2.5's remote-code tokenizer loaded without trust_remote_code |
 | generator_cpu_memory | all, CPU | torch.cuda.mem_get_info on a machine without CUDA |
 | generator_dtype | all | SPECULATORS_COMPAT_DTYPE instead of dtype='auto' (float32 extraction) |
+| cpu_mla_attention | all, CPU | MLA is not supported on CPU (< 0.28); AMX_MLA takes no float32 (>= 0.28) |
 | multimodal_text_only | all | Kimi-K2.5: vision tower built and loaded for text-only extraction |
 | token_attribution | all | states on the wrong sequence (chunked prefill, >32 seqs, reordering) |
 | hidden_states_capture | all | supports_eagle3 gate, embed_input_ids, llama_4_scaling, wrappers |
@@ -46,6 +47,7 @@ from . import (
     collective_rpc_unique_reply,
     config_dtype_annotation,
     cpu_attention_block_size,
+    cpu_mla_attention,
     cpu_moe_activation_config,
     cpu_moe_silu_per_call,
     cpu_rms_norm_strided,
@@ -93,6 +95,7 @@ SHIMS: list[Shim] = [
     tokenizer_remote_code.SHIM,
     generator_cpu_memory.SHIM,
     generator_dtype.SHIM,
+    cpu_mla_attention.SHIM,
     multimodal_text_only.SHIM,
     token_attribution.SHIM,
     hidden_states_capture.SHIM,

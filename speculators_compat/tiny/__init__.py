@@ -69,7 +69,19 @@ def load_recipe(name: str) -> dict:
     recipe = json.loads(path.read_text())
     if recipe.get("name") != name:
         raise ValueError(f"{path}: 'name' is {recipe.get('name')!r}, expected {name!r}")
+    if "extends" in recipe:
+        # A variant: another recipe with the values it names replaced (nested dicts merged).
+        return _merged(load_recipe(recipe.pop("extends")), recipe)
     return recipe
+
+
+def _merged(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = (
+            _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
 
 
 def cache_root() -> Path:
