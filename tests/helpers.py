@@ -9,13 +9,14 @@ import sys
 import textwrap
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 600) -> dict:
+def run_python(code: str, env: dict[str, str | None] | None = None, timeout: float = 600) -> dict:
     """Run ``code`` in a fresh interpreter; it must print one JSON line last. Returns that.
+    ``env`` adds to this process's environment; a value of None removes the variable.
 
     The child's stdout is a pipe, so block-buffered: a child that ends with ``os._exit`` must
     print its line with ``flush=True`` (``PYTHONUNBUFFERED`` in a developer's shell hides this).
     """
-    full_env = {**os.environ, **(env or {})}
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
