@@ -24,6 +24,7 @@
 | cpu_mla_attention | all, CPU | MLA is not supported on CPU (< 0.28); AMX_MLA takes no float32 (>= 0.28) |
 | multimodal_text_only | all | Kimi-K2.5: vision tower built and loaded for text-only extraction |
 | token_attribution | all | states on the wrong sequence (chunked prefill, >32 seqs, reordering) |
+| generate_input_check | all | ids past the vocabulary embedded silently (garbage states); empty sequences |
 | hidden_states_capture | all | supports_eagle3 gate, embed_input_ids, llama_4_scaling, wrappers |
 | worker_error_details | all | RuntimeError: Worker failed with error '' |
 | draft_verifier_wrapper | all | draft cannot read a wrapped verifier (Kimi-K2.5) |
@@ -57,6 +58,7 @@ from . import (
     draft_from_pretrained,
     draft_verifier_wrapper,
     executor_sample_tokens,
+    generate_input_check,
     generator_cpu_memory,
     generator_dtype,
     generator_executor,
@@ -98,6 +100,7 @@ SHIMS: list[Shim] = [
     cpu_mla_attention.SHIM,
     multimodal_text_only.SHIM,
     token_attribution.SHIM,
+    generate_input_check.SHIM,
     hidden_states_capture.SHIM,
     worker_error_details.SHIM,
     draft_verifier_wrapper.SHIM,
