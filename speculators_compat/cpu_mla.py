@@ -34,7 +34,11 @@ ENV = "VLLM_MLA_DISABLE"
 #: The CPU MLA backend we request: vLLM's reference one, which takes every dtype.
 BACKEND = "CPU_MLA"
 
-_owned: str | None = None  # the value of $VLLM_MLA_DISABLE that we set (None: we set none)
+#: Where we record the value of ``$VLLM_MLA_DISABLE`` that we set, in the environment, so that a
+#: process started from this one (a test's subprocess, the pipeline's engine child) inherits
+#: the knowledge that it is ours and makes its own choice for its model, instead of taking it
+#: for the user's.
+OWNED_ENV = "SPECULATORS_COMPAT_MLA_DISABLE_SET"
 
 
 @dataclass(frozen=True)
@@ -103,18 +107,17 @@ def choose(model: str | Path) -> MlaChoice | None:
 def apply(choice: MlaChoice | None) -> MlaChoice | None:
     """Set ``$VLLM_MLA_DISABLE`` for ``choice``, unless the user set it; return the choice in force
     (None when there was nothing to choose, or the user's setting differs and stands)."""
-    global _owned
     current = os.environ.get(ENV)
     if choice is None:
         return None
-    if current is not None and current != _owned:  # the user's: it stands
+    if current is not None and current != os.environ.get(OWNED_ENV):  # the user's: it stands
         try:
             user_mla = not int(current)
         except ValueError:
             return None
         return choice if user_mla == choice.use_mla else None
     value = "0" if choice.use_mla else "1"
-    os.environ[ENV] = _owned = value
+    os.environ[ENV] = os.environ[OWNED_ENV] = value
     try:  # an in-process engine may have frozen vLLM's environment (envs.enable_envs_cache)
         from vllm import envs
 

@@ -55,7 +55,7 @@ def test_with_cpu_mla_a_float32_model_runs_mla_through_the_kernel_that_takes_flo
 def test_a_vllm_mla_disable_the_user_set_stands(monkeypatch):
     on = cpu_mla.MlaChoice(True, cpu_mla.BACKEND, "test: on")
     off = cpu_mla.MlaChoice(False, None, "test: off")
-    monkeypatch.setattr(cpu_mla, "_owned", None)
+    monkeypatch.delenv(cpu_mla.OWNED_ENV, raising=False)
     monkeypatch.setenv(cpu_mla.ENV, "1")  # the user's
     assert cpu_mla.apply(on) is None  # their MLA-off stands: no backend requested either
     assert cpu_mla.apply(off) == off
@@ -64,3 +64,25 @@ def test_a_vllm_mla_disable_the_user_set_stands(monkeypatch):
     assert os.environ[cpu_mla.ENV] == "0"
     assert cpu_mla.apply(off) == off  # ours: changed per model
     assert os.environ[cpu_mla.ENV] == "1"
+
+
+def test_a_subprocess_makes_its_own_choice_after_ours(monkeypatch):
+    """The choice made here for a model with MLA (VLLM_MLA_DISABLE=0) is inherited by a process
+    started from this one; that process must not take it for the user's (CI, vLLM 0.32 without
+    AMX: after the -mla engine tests, deepseek-v3-tiny (latent 48) was started with MLA on and its
+    worker died: "Head dimension 48 is not supported by MLA.")."""
+    from tests.helpers import run_python
+
+    monkeypatch.delenv(cpu_mla.ENV, raising=False)
+    monkeypatch.delenv(cpu_mla.OWNED_ENV, raising=False)
+    on = cpu_mla.MlaChoice(True, cpu_mla.BACKEND, "test: on")
+    assert cpu_mla.apply(on) == on
+    child = run_python(
+        """
+        import json, os
+        from speculators_compat import cpu_mla
+        off = cpu_mla.MlaChoice(False, None, "test: off")
+        print(json.dumps({"applied": cpu_mla.apply(off) == off, "env": os.environ[cpu_mla.ENV]}))
+        """
+    )
+    assert child == {"applied": True, "env": "1"}
