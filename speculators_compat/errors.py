@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import importlib
 import re
+import signal
 import traceback
 
 MARKER = "[speculators_compat worker error]"
@@ -74,3 +75,47 @@ def from_text(text: str) -> WorkerError | None:
     err = cls.__new__(cls)
     WorkerError.__init__(err, type_name, message, tb)
     return err
+
+
+class WorkerDied(RuntimeError):
+    """A vLLM worker process ended (a signal, the OOM killer, a crash in a kernel, an exit) while
+    the caller waited on it. ``workers`` holds ``(rank, pid, exitcode)`` of each ended worker,
+    the unexpected ones first."""
+
+    def __init__(self, message: str, workers: list[tuple[int, int, int]]):
+        super().__init__(message)
+        self.workers = workers
+
+
+def exit_text(exitcode: int) -> str:
+    """``exitcode`` as :mod:`multiprocessing` reports it (negative: the signal), in words."""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown signal"
+        hint = " (the OOM killer sends this one: see `dmesg`)" if -exitcode == signal.SIGKILL else ""
+        return f"killed by signal {-exitcode} ({name}){hint}"
+    return f"exit code {exitcode}"
+
+
+def worker_died(handles, doing: str) -> WorkerDied | None:
+    """A :class:`WorkerDied` naming every process among vLLM's worker ``handles`` (objects with
+    ``.proc`` and ``.rank``) that has ended, or None if all are alive. ``doing``: what the caller
+    was waiting for ("to start", "during generate()")."""
+    from multiprocessing.connection import wait
+
+    procs = [(getattr(h, "rank", "?"), h.proc) for h in handles if getattr(h, "proc", None) is not None]
+    # a worker whose pipe just closed may not have ended yet: give it a moment (not per worker)
+    wait([proc.sentinel for _, proc in procs], timeout=1.0)
+    ended = [(rank, proc.pid, proc.exitcode) for rank, proc in procs if proc.exitcode is not None]
+    if not ended:
+        return None
+    # The worker that failed first, not those vLLM stopped after it (SIGTERM, or a clean exit).
+    ended.sort(key=lambda w: w[2] in (0, -signal.SIGTERM))
+    named = "; ".join(f"rank {r}, pid {p}: {exit_text(c)}" for r, p, c in ended)
+    return WorkerDied(
+        f"vLLM worker rank {ended[0][0]} (pid {ended[0][1]}) died {doing}: {named}. "
+        "Its last output is in the worker log above.",
+        ended,
+    )

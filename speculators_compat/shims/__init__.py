@@ -27,6 +27,8 @@
 | generate_input_check | all | ids past the vocabulary embedded silently (garbage states); empty sequences |
 | hidden_states_capture | all | supports_eagle3 gate, embed_input_ids, llama_4_scaling, wrappers |
 | worker_error_details | all | RuntimeError: Worker failed with error '' |
+| worker_start_error | all | WorkerProc initialization failed ... See stack trace for root cause. |
+| worker_died | all | RuntimeError: cancelled (a worker died during generate; none named) |
 | draft_verifier_wrapper | all | draft cannot read a wrapped verifier (Kimi-K2.5) |
 | training_target_final_norm | all | targets miss the verifier's final norm |
 | draft_from_pretrained | all | a saved draft does not load: unexpected keyword argument 'verifier' |
@@ -73,8 +75,10 @@ from . import (
     token_attribution,
     tokenizer_remote_code,
     training_target_final_norm,
+    worker_died,
     worker_error_details,
     worker_error_types,
+    worker_start_error,
 )
 
 SHIMS: list[Shim] = [
@@ -103,6 +107,8 @@ SHIMS: list[Shim] = [
     generate_input_check.SHIM,
     hidden_states_capture.SHIM,
     worker_error_details.SHIM,
+    worker_start_error.SHIM,
+    worker_died.SHIM,
     draft_verifier_wrapper.SHIM,
     training_target_final_norm.SHIM,
     draft_from_pretrained.SHIM,
