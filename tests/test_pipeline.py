@@ -179,6 +179,10 @@ def test_sigkill_during_extraction_loses_and_duplicates_nothing(tmp_path, victim
         assert "killed by signal 9 (SIGKILL)" in stderr
         assert "are kept" in stderr and "run the same command again to resume" in stderr
         assert "Traceback" not in stderr
+        # resumed in another dtype: refused before vLLM starts, nothing changed
+        other = cli("extract", "--out", out, "--batch-size", "4", "--dtype", "bfloat16", "--quiet")
+        assert other.returncode == 2, other.stderr[-3000:]
+        assert "were extracted in dtype float32" in other.stderr and "--dtype float32" in other.stderr
     written = len(list(states.glob("data_*.pt")))
     assert 12 <= written < total, written
 

@@ -92,6 +92,22 @@ def test_layer_ids_out_of_range_before_any_engine(tmp_path, model):
     assert (out / "prepared").is_dir()
 
 
+def test_a_seq_length_the_model_cannot_take_is_refused_before_any_stage(tmp_path):
+    """vLLM's own limit (its ModelConfig), checked before prepare runs: not a pydantic
+    ValidationError from inside the generator after the data was prepared."""
+    model = tmp_path / "short-model"
+    shutil.copytree(build("llama-tiny", "float32"), model)
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = 256
+    (model / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "r"
+    proc = cli("run", "--model", model, "--data", chat_dataset_path(), "--out", out, "--seq-length", 512)
+    _fails(proc, "--seq-length 512 is longer than", "Pass --seq-length 256 or less")
+    assert not (out / "prepared").exists()
+    # within the limit, the same model prepares
+    assert prepare(model, out, "--seq-length", 256, "--max-samples", 3).returncode == 0
+
+
 def test_a_folder_with_another_run_is_refused_then_resumed_or_overwritten(tmp_path, model):
     out = tmp_path / "r"
     first = _small_run(model, out, 5)

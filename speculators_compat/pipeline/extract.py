@@ -112,6 +112,7 @@ def extract(
             f"({len(prepared)} samples) does not have: it belongs to another preparation. Use "
             "--overwrite to start the run again."
         )
+    _same_dtype_as_before(run, dtype or os.environ.get("SPECULATORS_COMPAT_DTYPE") or "auto", have)
     todo = [i for i in range(len(prepared)) if i not in have]
     log.info("extracting %d of %d samples (%d already on disk)", len(todo), len(prepared), len(have))
     generator = None
@@ -169,6 +170,21 @@ def extract(
     result = ExtractResult(len(prepared), len(todo), len(have), layer_ids)
     run.mark_done("extract", **vars(result))
     return result
+
+
+def _same_dtype_as_before(run: RunFolder, wanted: str, have: set[int]) -> None:
+    """Samples on disk were extracted in one dtype: refuse to add others in another (the run
+    would end mixed, and data_config.json could record only one). Records the dtype otherwise."""
+    state = run.read()
+    before = state.get("extraction", {}).get("dtype")
+    if have and before is not None and before != wanted:
+        raise PipelineError(
+            f"{len(have)} samples in {run.hidden_states} were extracted in dtype {before}; this "
+            f"command extracts in {wanted}. Pass --dtype {before} to continue them, or delete "
+            f"{run.hidden_states} to extract every sample in {wanted} (nothing was changed)."
+        )
+    state["extraction"] = {"dtype": wanted}
+    write_json(run.manifest, state)
 
 
 def write_data_config(

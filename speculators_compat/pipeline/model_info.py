@@ -83,3 +83,32 @@ def inspect_model(path: str | Path) -> ModelInfo:
         vocab_size=source["vocab_size"],
         wrapper=wrapper,
     )
+
+
+def check_seq_length(info: ModelInfo, seq_length: int) -> None:
+    """Refuse a ``--seq-length`` the verifier cannot take, before any stage runs. vLLM decides
+    (its ``ModelConfig``, built as the generator will build it: the model's position limits, rope
+    scaling, ``model_max_length``); without this the run prepares the data, then dies in vLLM
+    with a pydantic ``ValidationError``. Other errors of that config are left to the stage that
+    needs it, which reports them."""
+    import logging
+    import re
+
+    try:
+        from vllm.config import ModelConfig
+    except ImportError:
+        return  # no vLLM here: prepare may still run; extract will say what is missing
+    try:
+        ModelConfig(model=str(info.path), max_model_len=seq_length, trust_remote_code=True)
+    except Exception as exc:
+        text = str(exc)
+        if "max_model_len" not in text:
+            logging.getLogger("speculators_compat.pipeline").debug("vLLM's ModelConfig: %s", text)
+            return
+        lines = [line.strip() for line in text.splitlines() if "max_model_len" in line]
+        allowed = re.search(r"derived max_model_len \((\w+)=(\d+)", text)
+        limit, most = (f" ({allowed[1]} = {allowed[2]})", allowed[2]) if allowed else ("", "N")
+        raise PipelineError(
+            f"--seq-length {seq_length} is longer than {info.path} takes{limit}. vLLM: {lines[0]} "
+            f"Pass --seq-length {most} or less (nothing was run)."
+        ) from None

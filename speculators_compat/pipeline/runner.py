@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .layout import STAGES, RunFolder
-from .model_info import inspect_model
+from .model_info import check_seq_length, inspect_model
 from .train import TrainOptions
 
 log = logging.getLogger("speculators_compat.pipeline")
@@ -68,6 +68,8 @@ def warn_if_untested() -> str | None:
 
 
 def claim(run: RunFolder, s: RunSettings, *, resume: bool, overwrite: bool) -> dict:
+    if s.model and not (resume and run.manifest.is_file()):
+        check_seq_length(inspect_model(s.model), s.seq_length)  # before the folder is touched
     identity = {
         "model": str(Path(s.model).expanduser().resolve()) if s.model else None,
         "data": str(Path(s.data).expanduser().resolve()) if s.data else None,
@@ -101,6 +103,8 @@ def run_stages(
     warn_if_untested()
     info = inspect_model(settings["model"])
     seq_length = settings.get("seq_length", s.seq_length)
+    if any(stage in stages and (force or run.done(stage) is None) for stage in ("prepare", "extract")):
+        check_seq_length(info, seq_length)  # vLLM's limit, before any stage runs
     layer_ids = settings.get("layer_ids") or info.default_layer_ids()
     reports = []
     for stage in STAGES:
