@@ -87,4 +87,5 @@ SHIM = Shim(
     hook_module=HOOK,
     probe=probe,
     patch=patch,
+    serving=True,  # vLLM's own engine fails the same way (prepare --regenerate, serve-check)
 )

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.training
 def test_targets_are_the_verifiers_logits_only_with_the_shim():
     with_it = run_draft("targets")
     without = run_draft("targets", disable=SHIM.name)
-    assert with_it["ok"] and without["ok"]
+    assert with_it["ok"], with_it
+    assert without["ok"], without
     assert with_it["error"] <= 1e-5  # measured 0.0 (float32, same ops)
     assert without["error"] > 0.5  # measured 0.96
     assert with_it["extra_saved_keys"] == []  # the checkpoint format is unchanged
