@@ -28,7 +28,8 @@ def versions() -> None:
 
 @main.command()
 def status() -> None:
-    """Apply the shims to the installed vLLM and speculators and print what each one did."""
+    """Apply the shims to the installed vLLM and speculators and print what each one did (exit 1
+    if any failed)."""
     from .registry import TESTED_VLLM_TEXT, apply_now
     from .versions import installed_versions
 
@@ -42,6 +43,12 @@ def status() -> None:
     click.echo(f"{'shim':<{width}}  {'state':<10}  {'vLLM range':<14}  why")
     for r in rows:
         click.echo(f"{r.shim.name:<{width}}  {r.state:<10}  {r.shim.vllm:<14}  {r.reason}")
+    failures = [r for r in rows if r.state == "failed"]
+    if failures:
+        from .registry import failure_report
+
+        click.secho(failure_report(failures), fg="red", err=True)
+        sys.exit(1)
 
 
 @main.group()

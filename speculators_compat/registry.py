@@ -152,6 +152,7 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
         try:
             needed = shim.probe()
         except Exception as exc:  # a probe that cannot run is itself a drift worth reporting
+            log.error("shim %s: its probe failed:\n%s", shim.name, traceback.format_exc())
             return _set(shim, "failed", f"probe raised {type(exc).__name__}: {exc}")
         if not needed:
             return _set(shim, "not needed", f"probe found no drift on vLLM {version}{untested}")
@@ -245,6 +246,25 @@ def status() -> list[Status]:
 
 def applied() -> list[str]:
     return [s.shim.name for s in status() if s.state == "applied"]
+
+
+def failed() -> list[Status]:
+    """The shims whose probe or patch raised: the drift they fix is then unfixed."""
+    return [s for s in status() if s.state == "failed"]
+
+
+def failure_report(failures: list[Status]) -> str:
+    """What failed, what each shim fixes (its symptom, often silently wrong data), the way out."""
+    lines = [f"{len(failures)} shim(s) failed on this vLLM/speculators:"]
+    for s in failures:
+        lines.append(f"  {s.shim.name}: {s.reason}; without it: {s.shim.symptom}")
+    names = ",".join(s.shim.name for s in failures)
+    lines.append(
+        "`speculators-compat status` shows every shim. Install a tested vLLM (see README), or "
+        "report the failure; to run without these shims at your own risk (their symptom "
+        f"returns), set {DISABLE_ENV}={names}."
+    )
+    return "\n".join(lines)
 
 
 # -- helpers for shim modules -------------------------------------------------------------

@@ -83,6 +83,19 @@ def claim(run: RunFolder, s: RunSettings, *, resume: bool, overwrite: bool) -> d
     return run.claim(identity, resume=resume, overwrite=overwrite)
 
 
+def _stop_on_failed_shims() -> None:
+    """Every shim resolved now (their modules imported), before any stage runs: one that failed
+    leaves its drift unfixed, and for most that is silently wrong data (attribution, dtype,
+    capture, the CPU kernels, training targets), so the run stops."""
+    from ..registry import apply_now, failed, failure_report
+    from .errors import PipelineError
+
+    apply_now()
+    failures = failed()
+    if failures:
+        raise PipelineError(failure_report(failures) + "\nNothing was run.")
+
+
 def run_stages(
     run: RunFolder, s: RunSettings, stages: tuple[str, ...], *, force: bool = False, progress: bool = True
 ) -> list[StageReport]:
@@ -105,6 +118,8 @@ def run_stages(
     seq_length = settings.get("seq_length", s.seq_length)
     if any(stage in stages and (force or run.done(stage) is None) for stage in ("prepare", "extract")):
         check_seq_length(info, seq_length)  # vLLM's limit, before any stage runs
+    if any(stage in stages and (force or run.done(stage) is None) for stage in ("extract", "train")):
+        _stop_on_failed_shims()
     layer_ids = settings.get("layer_ids") or info.default_layer_ids()
     reports = []
     for stage in STAGES:
