@@ -52,10 +52,20 @@ def test_with_cpu_mla_a_float32_model_runs_mla_through_the_kernel_that_takes_flo
     assert max(with_it["errors"]) <= TOLERANCE["float32"]
 
 
-def test_a_vllm_mla_disable_the_user_set_stands(monkeypatch):
+@pytest.fixture
+def clean_env(monkeypatch):
+    """Neither variable set; both put back as they were afterwards, whatever apply() sets.
+    (monkeypatch.delenv of an unset variable records nothing to restore: set it first.)"""
+    for name in (cpu_mla.ENV, cpu_mla.OWNED_ENV):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_a_vllm_mla_disable_the_user_set_stands(clean_env):
+    monkeypatch = clean_env
     on = cpu_mla.MlaChoice(True, cpu_mla.BACKEND, "test: on")
     off = cpu_mla.MlaChoice(False, None, "test: off")
-    monkeypatch.delenv(cpu_mla.OWNED_ENV, raising=False)
     monkeypatch.setenv(cpu_mla.ENV, "1")  # the user's
     assert cpu_mla.apply(on) is None  # their MLA-off stands: no backend requested either
     assert cpu_mla.apply(off) == off
@@ -66,15 +76,13 @@ def test_a_vllm_mla_disable_the_user_set_stands(monkeypatch):
     assert os.environ[cpu_mla.ENV] == "1"
 
 
-def test_a_subprocess_makes_its_own_choice_after_ours(monkeypatch):
+def test_a_subprocess_makes_its_own_choice_after_ours(clean_env):
     """The choice made here for a model with MLA (VLLM_MLA_DISABLE=0) is inherited by a process
     started from this one; that process must not take it for the user's (CI, vLLM 0.32 without
     AMX: after the -mla engine tests, deepseek-v3-tiny (latent 48) was started with MLA on and its
     worker died: "Head dimension 48 is not supported by MLA.")."""
     from tests.helpers import run_python
 
-    monkeypatch.delenv(cpu_mla.ENV, raising=False)
-    monkeypatch.delenv(cpu_mla.OWNED_ENV, raising=False)
     on = cpu_mla.MlaChoice(True, cpu_mla.BACKEND, "test: on")
     assert cpu_mla.apply(on) == on
     child = run_python(
@@ -86,3 +94,9 @@ def test_a_subprocess_makes_its_own_choice_after_ours(monkeypatch):
         """
     )
     assert child == {"applied": True, "env": "1"}
+
+
+def test_these_tests_leave_the_environment_as_they_found_it():
+    """(CI, vLLM 0.16: the two tests above once left VLLM_MLA_DISABLE=0 marked as the user's,
+    and every later DeepSeek engine in the run died: "MLA is not supported on CPU.")"""
+    assert cpu_mla.ENV not in os.environ or os.environ.get(cpu_mla.OWNED_ENV) == os.environ[cpu_mla.ENV]
