@@ -116,9 +116,10 @@ def run_stages(
     warn_if_untested()
     info = inspect_model(settings["model"])
     seq_length = settings.get("seq_length", s.seq_length)
-    if any(stage in stages and (force or run.done(stage) is None) for stage in ("prepare", "extract")):
+    pending = {stage for stage in stages if force or run.done(stage) is None}
+    if pending & {"prepare", "extract"}:
         check_seq_length(info, seq_length)  # vLLM's limit, before any stage runs
-    if any(stage in stages and (force or run.done(stage) is None) for stage in ("extract", "train")):
+    if pending & {"extract", "train"}:
         _stop_on_failed_shims()
     layer_ids = settings.get("layer_ids") or info.default_layer_ids()
     reports = []

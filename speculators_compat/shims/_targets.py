@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -65,3 +66,20 @@ def rewrite_call(attr: str, shim: str, rewrite: Callable[[tuple, dict], None]):
 DRAFT = "speculators.models.eagle3.core"
 CHECKPOINTER = "speculators.train.checkpointer"
 TRAIN_UTILS = "speculators.train.utils"
+
+
+def raising_instead(original, translate, catch: type[BaseException] = Exception):
+    """``original``, except that an exception it raises is replaced by ``translate(exc, *args)``
+    (raised from it) where that returns one; where it returns None the original propagates."""
+
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        except catch as exc:
+            replacement = translate(exc, *args)
+            if replacement is None:
+                raise
+            raise replacement from exc
+
+    return call

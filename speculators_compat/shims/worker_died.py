@@ -15,11 +15,10 @@ Probe: vLLM's worker monitor logs "died unexpectedly" (and the caller gets only 
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 from ..registry import Shim, replace_attr
-from ._targets import GENERATOR, module
+from ._targets import GENERATOR, module, raising_instead
 
 NAME = "worker_died"
 
@@ -36,19 +35,12 @@ def patch():
     from ..errors import worker_died
 
     cls = module(GENERATOR).VllmHiddenStatesGenerator
-    original = cls.generate
 
-    @functools.wraps(original)
-    def generate(self, *args, **kwargs):
-        try:
-            return original(self, *args, **kwargs)
-        except Exception as exc:
-            workers = getattr(getattr(self, "executor", None), "workers", None) or []
-            err = worker_died(workers, "during generate()")
-            if err is None:
-                raise
-            raise err from exc
+    def named(exc, generator, *_):
+        workers = getattr(getattr(generator, "executor", None), "workers", None) or []
+        return worker_died(workers, "during generate()")
 
+    generate = raising_instead(cls.generate, named)
     return replace_attr(cls, "generate", generate, NAME)
 
 

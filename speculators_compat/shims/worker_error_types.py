@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 
 from ..registry import Shim, replace_attr
-from ._targets import GENERATOR, compat_executor_class, inherited
+from ._targets import GENERATOR, compat_executor_class, inherited, raising_instead
 
 NAME = "worker_error_types"
 
@@ -29,16 +29,7 @@ def patch():
 
     cls = compat_executor_class()
     base = inherited(cls, "collective_rpc")
-
-    def collective_rpc(self, *args, **kwargs):
-        try:
-            return base(self, *args, **kwargs)
-        except RuntimeError as exc:
-            rebuilt = from_text(str(exc))
-            if rebuilt is None:
-                raise
-            raise rebuilt from exc
-
+    collective_rpc = raising_instead(base, lambda exc, *_: from_text(str(exc)), RuntimeError)
     return replace_attr(cls, "collective_rpc", collective_rpc, NAME)
 
 

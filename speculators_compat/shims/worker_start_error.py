@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from ..registry import Shim, replace_attr, undo_all
+from ._targets import raising_instead
 
 NAME = "worker_start_error"
 VLLM_MODULE = "vllm.v1.executor.multiproc_executor"
@@ -53,9 +54,9 @@ def _reported(folder: Path, pids: set[int]) -> Exception | None:
     from ..errors import from_text
 
     for report in sorted(folder.glob("*.txt")):
-        header, _, text = report.read_text().partition("\n")
         if int(report.stem.rpartition("-")[2]) not in pids:
             continue  # another executor's worker
+        header, _, text = report.read_text().partition("\n")
         err = from_text(text)
         if err is not None:
             err.args = (f"vLLM worker {header} failed to start: {err}",)
@@ -93,17 +94,13 @@ def patch():
     _folder()  # before any worker starts, so that they inherit it
     original_wait = inspect.getattr_static(WorkerProc, "wait_for_ready").__func__
 
-    def wait_for_ready(unready_proc_handles, *args, **kwargs):
-        try:
-            return original_wait(unready_proc_handles, *args, **kwargs)
-        except Exception as exc:
-            from ..errors import worker_died
+    def reported(exc, unready_proc_handles, *_):
+        from ..errors import worker_died
 
-            pids = {h.proc.pid for h in unready_proc_handles if getattr(h, "proc", None) is not None}
-            err = _reported(_folder(), pids) or worker_died(unready_proc_handles, "while starting")
-            if err is None:
-                raise
-            raise err from exc
+        pids = {h.proc.pid for h in unready_proc_handles if getattr(h, "proc", None) is not None}
+        return _reported(_folder(), pids) or worker_died(unready_proc_handles, "while starting")
+
+    wait_for_ready = raising_instead(original_wait, reported)
 
     # The worker's start-up steps after vLLM loads its plugins (in WorkerWrapperBase.__init__,
     # which is how a spawned worker gets the shims at all). load_model reaches the worker
