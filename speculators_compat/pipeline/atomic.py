@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,10 +14,17 @@ from pathlib import Path
 PARTIAL = ".partial"
 
 
+def _tmp(path: Path) -> Path:
+    """This process's temporary name for ``path``: host and pid, so that processes on several
+    machines sharing one folder (``extract --shard``) never write the same temporary file."""
+    host = socket.gethostname().replace(".", "-")
+    return path.with_name(f"{path.name}.{host}.{os.getpid()}{PARTIAL}")
+
+
 def write_file(path: Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp)`` and move ``tmp`` onto ``path`` in one rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}{PARTIAL}")
+    tmp = _tmp(path)
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -32,7 +40,7 @@ def write_json(path: Path, data) -> Path:
 def write_dir(path: Path, write: Callable[[Path], None]) -> Path:
     """Like :func:`write_file` for a folder (e.g. a saved ``datasets`` dataset)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}{PARTIAL}")
+    tmp = _tmp(path)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         write(tmp)
@@ -44,11 +52,20 @@ def write_dir(path: Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
-def remove_partials(folder: Path) -> int:
-    """Delete leftovers of interrupted writes; returns how many."""
+def partial_target(path: Path) -> str | None:
+    """The name of the file that the temporary file ``path`` was to become (None: not one)."""
+    if not path.name.endswith(PARTIAL):
+        return None
+    return path.name[: -len(PARTIAL)].rsplit(".", 2)[0]
+
+
+def remove_partials(folder: Path, mine: Callable[[str], bool] = lambda _name: True) -> int:
+    """Delete leftovers of interrupted writes of the files whose name ``mine`` accepts (a file
+    being written by another process, e.g. another shard's, is someone else's); returns how
+    many were deleted."""
     if not folder.is_dir():
         return 0
-    leftovers = list(folder.glob(f"*{PARTIAL}"))
+    leftovers = [p for p in folder.glob(f"*{PARTIAL}") if mine(partial_target(p) or "")]
     for p in leftovers:
         shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
     return len(leftovers)

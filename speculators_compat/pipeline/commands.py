@@ -28,6 +28,29 @@ def _layer_ids(_ctx, _param, value):
         raise click.BadParameter(f"{value!r}: give layer ids as integers, e.g. 2,30,58,60") from None
 
 
+def _shard(_ctx, _param, value):
+    if value is None:
+        return None
+    from .extract import Shard
+
+    try:
+        return Shard.parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+SHARD_OPTION = click.option(
+    "--shard",
+    callback=_shard,
+    default=None,
+    metavar="I/N",
+    help="Extract only shard I of N (0 <= I < N): the samples whose index modulo N is I. Run the "
+    "N shards at once on N machines (each its own vLLM engine) sharing the run folder; the last to "
+    "finish completes the stage. Each resumes on its own; `vocab` and `train` refuse the run "
+    "until every shard is done.",
+)
+
+
 def _common(stages: tuple[str, ...]):
     """Options of the stages in ``stages`` (the run folder options always)."""
 
@@ -160,7 +183,7 @@ def _settings(kw: dict) -> RunSettings:
     )
     s = RunSettings(train=train)
     # The run's identity settings, then those that may change between invocations.
-    for k in (*IDENTITY, "batch_size", "tensor_parallel_size", "num_proc"):
+    for k in (*IDENTITY, "batch_size", "tensor_parallel_size", "num_proc", "shard"):
         if k in kw:
             setattr(s, k, str(kw[k]) if isinstance(kw[k], Path) else kw[k])
     if kw.get("dtype") not in (None, "auto"):
@@ -204,6 +227,11 @@ def _summary(run: RunFolder, reports: list[StageReport], total: float) -> None:
         how = "already complete" if r.skipped else f"{r.seconds:7.1f} s"
         shown = {k: v for k, v in r.facts.items() if k not in ("finished_at", "validation_samples")}
         click.echo(f"  {r.stage:<8} {how:>16}  " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+        if r.stage == "extract" and r.facts.get("missing"):
+            click.echo(
+                f"  {'':<8} {'':>16}  shard {r.facts.get('shard')} is complete; the stage completes "
+                f"when the other shards' {r.facts['missing']} samples are on disk"
+            )
     click.echo(
         f"  outputs: {run.prepared.name}/, {run.hidden_states.name}/ (data_config.json), "
         f"{run.vocab.name}/, {run.checkpoints.name}/, {run.metrics.name}"
@@ -218,9 +246,6 @@ def _stage_command(main, name: str, stages: tuple[str, ...], doc: str):
     is complete)."""
     force = len(stages) == 1
 
-    @main.command(name=name, help=doc)
-    @_common(stages)
-    @_guard
     def command(out, resume, overwrite, quiet, **kw):
         _logging(quiet)
         run = RunFolder(out)
@@ -230,7 +255,10 @@ def _stage_command(main, name: str, stages: tuple[str, ...], doc: str):
         reports = run_stages(run, s, stages, force=force, progress=not quiet)
         _summary(run, reports, time.perf_counter() - t0)
 
-    return command
+    command = _guard(command)
+    if stages == ("extract",):
+        command = SHARD_OPTION(command)
+    return main.command(name=name, help=doc)(_common(stages)(command))
 
 
 def register(main) -> None:

@@ -3,6 +3,13 @@ disk in speculators' own format, one ``data_{i}.pt`` per prepared sample ``i``.
 
 Crash safety: each file is written under a temporary name and renamed, so a file that exists is
 complete; a re-run extracts exactly the samples whose file is missing (none lost, none twice).
+
+Shards (``extract --shard I/N``, e.g. one per machine, all sharing the run folder): shard ``I``
+owns the samples ``i`` with ``i % N == I`` and extracts (and cleans up after) only those, so
+shards of one ``N`` run at once without touching each other's files. Each is resumable on its
+own. ``hidden_states/extraction.json`` records the dtype and each shard's host, pid and times;
+the shard that finds every sample on disk when it finishes writes ``data_config.json`` and marks
+the stage complete. ``vocab`` and ``train`` refuse an incomplete set, naming what is missing.
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
+import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +33,42 @@ log = logging.getLogger("speculators_compat.pipeline")
 _SAMPLE = re.compile(r"^data_(\d+)\.pt$")
 
 
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count``: the samples ``i`` with ``i % count == index``."""
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+        if not m or not int(m.group(1)) < int(m.group(2)):
+            raise ValueError(
+                f"{text!r}: give the shard as I/N with 0 <= I < N, e.g. 0/4 ... 3/4 for four machines"
+            )
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    def owns(self, i: int) -> bool:
+        return i % self.count == self.index
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+WHOLE = Shard()
+
+
 @dataclass
 class ExtractResult:
     samples: int
     extracted_now: int
     already_there: int
     layer_ids: list[int]
+    #: This command's shard ("I/N"), None when it extracted every sample.
+    shard: str | None = None
+    #: Samples of any shard still missing when this command finished (0: the stage is complete).
+    missing: int = 0
 
 
 def sample_index(path: str | Path) -> int | None:
@@ -81,6 +120,7 @@ def extract(
     tensor_parallel_size: int = 1,
     dtype: str | None = None,
     progress: bool = True,
+    shard: Shard = WHOLE,
 ) -> ExtractResult:
     import datasets
     import torch
@@ -101,7 +141,12 @@ def extract(
     prepared.set_format(None)
     out = run.hidden_states
     out.mkdir(parents=True, exist_ok=True)
-    leftovers = remove_partials(out)
+    wanted = dtype or os.environ.get("SPECULATORS_COMPAT_DTYPE") or "auto"
+    _start_shard(run, shard, wanted, existing_samples(out))  # before any file is touched
+    # A shard removes only its own samples' leftovers: another may be writing its files now.
+    leftovers = remove_partials(
+        out, lambda name: shard == WHOLE or ((i := sample_index(name)) is not None and shard.owns(i))
+    )
     if leftovers:
         log.info("removed %d partly written files of an interrupted extraction", leftovers)
     have = existing_samples(out)
@@ -112,9 +157,16 @@ def extract(
             f"({len(prepared)} samples) does not have: it belongs to another preparation. Use "
             "--overwrite to start the run again."
         )
-    _same_dtype_as_before(run, dtype or os.environ.get("SPECULATORS_COMPAT_DTYPE") or "auto", have)
-    todo = [i for i in range(len(prepared)) if i not in have]
-    log.info("extracting %d of %d samples (%d already on disk)", len(todo), len(prepared), len(have))
+    mine = [i for i in range(len(prepared)) if shard.owns(i)]
+    todo = [i for i in mine if i not in have]
+    already = len(mine) - len(todo)
+    log.info(
+        "extracting %d of %d samples%s (%d already on disk)",
+        len(todo),
+        len(mine),
+        f" (shard {shard} of {len(prepared)} samples)" if shard != WHOLE else "",
+        already,
+    )
     generator = None
     if todo:
         from ..cpu_alias import ensure_vllm_cpu_alias
@@ -135,8 +187,8 @@ def extract(
             ) from exc
     try:
         bar = tqdm(
-            total=len(prepared),
-            initial=len(have),
+            total=len(mine),
+            initial=already,
             desc="Extracting hidden states",
             unit="seq",
             disable=not progress,
@@ -166,25 +218,163 @@ def extract(
     finally:
         if generator is not None:
             generator.executor.shutdown()
+    missing = missing_samples(run, len(prepared))
+    result = ExtractResult(
+        len(prepared), len(todo), already, layer_ids, str(shard) if shard != WHOLE else None, len(missing)
+    )
+    _finish_shard(run, shard, len(todo))
+    if missing:
+        log.info(
+            "shard %s is complete; %d samples of other shards are not on disk yet: %s",
+            shard,
+            len(missing),
+            describe_missing(run, missing),
+        )
+        return result
     write_data_config(run, info, layer_ids, seq_length, len(prepared), tensor_parallel_size, dtype)
-    result = ExtractResult(len(prepared), len(todo), len(have), layer_ids)
-    run.mark_done("extract", **vars(result))
+    run.mark_done("extract", **{k: v for k, v in vars(result).items() if k != "missing"})
     return result
 
 
-def _same_dtype_as_before(run: RunFolder, wanted: str, have: set[int]) -> None:
-    """Samples on disk were extracted in one dtype: refuse to add others in another (the run
-    would end mixed, and data_config.json could record only one). Records the dtype otherwise."""
-    state = run.read()
-    before = state.get("extraction", {}).get("dtype")
-    if have and before is not None and before != wanted:
-        raise PipelineError(
-            f"{len(have)} samples in {run.hidden_states} were extracted in dtype {before}; this "
-            f"command extracts in {wanted}. Pass --dtype {before} to continue them, or delete "
-            f"{run.hidden_states} to extract every sample in {wanted} (nothing was changed)."
+def extraction_record(run: RunFolder) -> Path:
+    """``hidden_states/extraction.json``: the dtype of the samples and each shard's host, pid
+    and times. In ``hidden_states/``, so that deleting the samples deletes it too."""
+    return run.hidden_states / "extraction.json"
+
+
+def _read_record(run: RunFolder) -> dict:
+    import json
+
+    path = extraction_record(run)
+    return json.loads(path.read_text()) if path.is_file() else {"dtype": None, "shards": {}}
+
+
+def _start_shard(run: RunFolder, shard: Shard, wanted: str, have: set[int]) -> None:
+    """Samples on disk (or being written by another shard) are in one dtype: refuse to add
+    others in another (the set would end mixed, and data_config.json could record only one).
+    Records the dtype and this shard's start otherwise; until the extraction completes again,
+    it and the stages after it are not complete."""
+    with run.update() as state:  # shards starting at once see each other's record
+        run.unmark("extract", state)
+        record = _read_record(run)
+        before = record.get("dtype")
+        if before is not None and before != wanted:
+            raise PipelineError(
+                f"{len(have)} samples in {run.hidden_states} were extracted in dtype {before} (or "
+                f"are being extracted: {extraction_record(run).name} records it); this command "
+                f"extracts in {wanted}. Pass --dtype {before} to continue them, or delete "
+                f"{run.hidden_states} to extract every sample in {wanted} (nothing was changed)."
+            )
+        _no_overlap(record.get("shards", {}), shard)
+        record["dtype"] = wanted
+        record.setdefault("shards", {})[str(shard)] = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "finished_at": None,
+        }
+        write_json(extraction_record(run), record)
+
+
+def _no_overlap(shards: dict, shard: Shard) -> None:
+    """Refuse to start while an extraction whose samples overlap this one's runs on this machine
+    (the same shard twice, or another shard count): both would extract the same samples and
+    remove each other's files being written. On other machines it can only be warned of."""
+    host = socket.gethostname()
+    for name, entry in shards.items():
+        if entry.get("finished_at") is not None or entry.get("pid") == os.getpid():
+            continue
+        if name != str(shard) and int(name.split("/")[1]) == shard.count:
+            continue  # another shard of the same split: no sample in common
+        what = f"extraction {'--shard ' + name if name != '0/1' else 'without --shard'}"
+        if entry.get("host") == host:
+            if not _alive(entry.get("pid")):
+                continue  # it died (a resumed run): its leftovers are this command's to clean up
+            raise PipelineError(
+                f"an {what} of this run is running on this machine (pid {entry['pid']}, started "
+                f"{entry['started_at']}); this command's samples overlap its. Wait for it or stop "
+                "it; shards running at once must share N and differ in I (nothing was changed)."
+            )
+        log.warning(
+            "an %s of this run started on %s (pid %s) at %s and did not finish: if it still runs, "
+            "stop this command (shards running at once must share N and differ in I)",
+            what,
+            entry.get("host"),
+            entry.get("pid"),
+            entry.get("started_at"),
         )
-    state["extraction"] = {"dtype": wanted}
-    write_json(run.manifest, state)
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _finish_shard(run: RunFolder, shard: Shard, extracted: int) -> None:
+    with run.lock():
+        record = _read_record(run)
+        entry = record.setdefault("shards", {}).setdefault(str(shard), {})
+        entry.update(finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), extracted=extracted)
+        write_json(extraction_record(run), record)
+
+
+def missing_samples(run: RunFolder, samples: int) -> list[int]:
+    have = existing_samples(run.hidden_states)
+    return [i for i in range(samples) if i not in have]
+
+
+def _ranges(indices: list[int], limit: int = 12) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (at most ``limit`` runs, then how many more)."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    return text + (f", ... ({len(runs) - limit} more runs)" if len(runs) > limit else "")
+
+
+def describe_missing(run: RunFolder, missing: list[int]) -> str:
+    """The missing sample indices, and for each shard count on record, which of its shards own
+    them and whether they finished (host, pid, times)."""
+    lines = [f"samples {_ranges(missing)}"]
+    shards = _read_record(run).get("shards", {})
+    counts = sorted({int(name.split("/")[1]) for name in shards})
+    for n in counts:
+        owners = sorted({i % n for i in missing})
+        for index in owners:
+            entry = shards.get(f"{index}/{n}")
+            if entry is None:
+                how = "never started"
+            elif entry.get("finished_at") is None:
+                how = (
+                    f"started on {entry['host']} (pid {entry['pid']}) at {entry['started_at']}, not finished"
+                )
+            else:
+                how = f"finished at {entry['finished_at']}, its files deleted since"
+            lines.append(f"{f'shard {index}/{n}' if n > 1 else 'extraction without --shard'}: {how}")
+    return "; ".join(lines)
+
+
+def require_all_samples(run: RunFolder, needed_by: str) -> None:
+    """Every prepared sample's hidden states are on disk and the extraction is complete: a
+    training set with samples missing (a shard that did not finish) is refused, naming them."""
+    samples = run.require("prepare", needed_by)["samples"]
+    missing = missing_samples(run, samples)
+    if len(missing) == samples and not extraction_record(run).is_file():
+        run.require("extract", needed_by)  # never started: the plain "run extract first"
+    if missing:
+        raise PipelineError(
+            f"{needed_by} needs every sample's hidden states; {len(missing)} of {samples} are not in "
+            f"{run.hidden_states}: {describe_missing(run, missing)}. Run `speculators-compat "
+            f"extract --out {run.root}` (or, on each machine, the unfinished --shard I/N) to "
+            "extract them; nothing was changed."
+        )
+    run.require("extract", needed_by)
 
 
 def write_data_config(

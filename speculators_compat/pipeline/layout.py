@@ -5,11 +5,15 @@
       regenerated.jsonl     the verifier's own answers: prompt ids, answer ids and text (prepare --regenerate)
       prepared/             token ids and loss masks (a ``datasets`` dataset on disk)
       token_freq.pt         token frequencies of the assistant tokens (speculators' format)
-      hidden_states/        data_{i}.pt + data_config.json (speculators 0.3.0's format)
+      hidden_states/        data_{i}.pt + data_config.json (speculators 0.3.0's format),
+                            extraction.json (dtype; each shard's host, pid and times)
       vocab/                d2t.npy, t2d.npy
       checkpoints/<epoch>/  the draft (speculators' checkpointer; loads with from_pretrained)
       train_metrics.jsonl   one line per training step
       serve_check.json      the draft served by vLLM's speculative decoding (serve-check)
+
+Processes sharing the folder (``extract --shard`` on several machines) change ``run.json`` one
+at a time, under a lock on ``.run.lock`` (``filelock``).
 
 ``token_freq.pt`` sits beside ``hidden_states/``, not in it: speculators' loader reads every file
 ending in ``pt`` under the data folder as a sample.
@@ -17,9 +21,11 @@ ending in ``pt`` under the data folder as a sample.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from .atomic import write_json
@@ -43,6 +49,7 @@ class RunFolder:
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser().resolve()
         self.manifest = self.root / "run.json"
+        self.lock_file = self.root / ".run.lock"
         self.prepared = self.root / "prepared"
         self.token_freq = self.root / "token_freq.pt"
         self.regenerated = self.root / "regenerated.jsonl"
@@ -67,25 +74,49 @@ class RunFolder:
     def settings(self) -> dict:
         return self.read()["settings"]
 
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """No other process of this run (another shard, on this machine or another) changes the
+        folder's records (``run.json``, ``hidden_states/extraction.json``) inside the block."""
+        from filelock import FileLock
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        with FileLock(self.lock_file):
+            yield
+
+    @contextlib.contextmanager
+    def update(self) -> Iterator[dict]:
+        """``run.json``'s content, written back when the block ends (not if it raises), under
+        :meth:`lock`."""
+        with self.lock():
+            state = self.read()
+            yield state
+            write_json(self.manifest, state)
+
     def claim(self, settings: dict, *, resume: bool = False, overwrite: bool = False) -> dict:
         """Make this folder hold the run with ``settings``; returns the settings in force.
 
         A folder holding a different run is refused unless ``resume`` (keep its settings and
         continue it) or ``overwrite`` (delete its outputs and start this run)."""
         settings = {k: v for k, v in settings.items() if v is not None}
-        state = self.read()
-        if not self.manifest.is_file() and self.root.is_dir() and any(self.root.iterdir()):
+        others = self.root.is_dir() and any(p != self.lock_file for p in self.root.iterdir())
+        if not self.manifest.is_file() and others:
             raise PipelineError(
                 f"{self.root} is not empty and holds no speculators-compat run (no run.json); "
                 "nothing there is touched. Choose an empty or new --out folder."
             )
+        with self.update() as state:
+            return self._claim(state, settings, resume, overwrite)
+
+    def _claim(self, state: dict, settings: dict, resume: bool, overwrite: bool) -> dict:
         old = state["settings"]
         differs = {
             k: (old[k], settings[k]) for k in IDENTITY if k in old and k in settings and old[k] != settings[k]
         }
         if differs and overwrite:
             self.clear()
-            state = {"settings": {}, "stages": {}}
+            state.clear()
+            state.update(settings={}, stages={})
         elif differs and resume:
             settings = {**settings, **{k: old[k] for k in differs}}
         elif differs:
@@ -96,8 +127,6 @@ class RunFolder:
                 "one, or choose another --out folder."
             )
         state["settings"] = {**state["settings"], **settings}
-        self.root.mkdir(parents=True, exist_ok=True)
-        write_json(self.manifest, state)
         return state["settings"]
 
     def clear(self) -> None:
@@ -110,12 +139,15 @@ class RunFolder:
         return self.read()["stages"].get(stage)
 
     def mark_done(self, stage: str, **facts) -> None:
-        state = self.read()
-        state["stages"][stage] = {"finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **facts}
-        # Later stages depend on this one's outputs: they are no longer complete.
-        for later in STAGES[STAGES.index(stage) + 1 :]:
+        with self.update() as state:
+            # Later stages depend on this one's outputs: they are no longer complete.
+            self.unmark(stage, state)
+            state["stages"][stage] = {"finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **facts}
+
+    def unmark(self, stage: str, state: dict) -> None:
+        """In ``state`` (from :meth:`update`): ``stage`` and the stages after it are not complete."""
+        for later in STAGES[STAGES.index(stage) :]:
             state["stages"].pop(later, None)
-        write_json(self.manifest, state)
 
     def require(self, stage: str, needed_by: str) -> dict:
         facts = self.done(stage)

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .extract import WHOLE, Shard
 from .layout import STAGES, RunFolder
 from .model_info import check_seq_length, inspect_model
 from .train import TrainOptions
@@ -29,6 +30,8 @@ class RunSettings:
     tensor_parallel_size: int = 1
     dtype: str | None = None
     num_proc: int = 1
+    #: extract only this shard (``extract --shard I/N``); None: every sample.
+    shard: Shard | None = None
     train: TrainOptions = field(default_factory=TrainOptions)
 
 
@@ -157,13 +160,14 @@ def run_stages(
                 tensor_parallel_size=s.tensor_parallel_size,
                 dtype=s.dtype,
                 progress=progress,
+                shard=s.shard or WHOLE,
             )
         elif stage == "vocab":
             result = build_vocab(run, info, settings.get("draft_vocab_size"))
         else:
             result = train(run, info, s.train, progress=progress)
         seconds = time.perf_counter() - t0
-        facts = {k: v for k, v in vars(result).items() if k != "losses"}
+        facts = {k: v for k, v in vars(result).items() if k != "losses" and v is not None}
         reports.append(StageReport(stage, seconds, False, facts))
         log.info("%s: done in %.1f s", stage, seconds)
     return reports

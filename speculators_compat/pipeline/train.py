@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import PipelineError
-from .extract import sample_index
+from .extract import require_all_samples, sample_index
 from .layout import RunFolder
 from .model_info import ModelInfo
 
@@ -111,7 +111,7 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
     from torch.utils.data import DataLoader
     from tqdm import tqdm
 
-    run.require("extract", "train")
+    require_all_samples(run, "train")
     run.require("vocab", "train")
     local_rank, world_size, rank, distributed = maybe_setup_distributed()
     device = torch.device(local_rank) if torch.cuda.is_available() else torch.device("cpu")
