@@ -49,7 +49,7 @@ class MlaChoice:
     reason: str
 
 
-def _text_config(model: str | Path) -> dict:
+def text_config(model: str | Path) -> dict:
     path = Path(model) / "config.json"
     if path.is_file():
         raw = json.loads(path.read_text())
@@ -79,7 +79,7 @@ def choose(model: str | Path) -> MlaChoice | None:
 
     if torch.cuda.is_available():
         return None
-    text = _text_config(model)
+    text = text_config(model)
     if text.get("kv_lora_rank") is None:
         return None
     from .versions import installed_versions

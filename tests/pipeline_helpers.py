@@ -13,12 +13,14 @@ import torch
 ROOT = Path(__file__).parents[1]
 
 
-def cli(*args, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+def cli(*args, env: dict[str, str | None] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``speculators-compat ARGS`` in a fresh process; ``env`` adds to this one's environment (a
+    value of None removes the variable)."""
     return subprocess.run(
         [sys.executable, "-m", "speculators_compat", *map(str, args)],
         capture_output=True,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None},
         timeout=timeout,
         cwd=ROOT,
     )

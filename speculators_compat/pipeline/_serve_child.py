@@ -57,6 +57,9 @@ def main(request_path: str, result_path: str) -> None:
         result = _chat(llm, request, SamplingParams, TokensPrompt)
     else:
         result = _generate(llm, request, SamplingParams, TokensPrompt)
+    # what the CPU platform gave the KV cache (None on GPUs)
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    result["kv_cache_bytes"] = getattr(getattr(config, "cache_config", None), "cpu_kvcache_space_bytes", None)
     with open(result_path, "w") as f:
         json.dump(result, f)
 

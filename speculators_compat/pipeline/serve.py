@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import cpu_mla
+from .. import cpu_kv_cache, cpu_mla
 from .errors import PipelineError
 from .layout import RunFolder
 
@@ -249,6 +249,9 @@ def run_engine(request: dict) -> dict:
     mla = cpu_mla.apply(cpu_mla.choose(request["verifier"]))
     if mla is not None and mla.use_mla and mla.backend:
         request = {**request, "attention_backend": mla.backend}
+    draft_layers = 1 if request.get("draft") else 0  # an EAGLE-3 draft has one decoder layer
+    limits = (request["max_model_len"], request["max_num_seqs"], draft_layers)
+    cpu_kv_cache.apply(cpu_kv_cache.choose(request["verifier"], *limits))
     env = dict(os.environ)
     env[ACTIVE_ENV] = "1"
     env[DISABLE_ENV] = ",".join(s.name for s in SHIMS if s.name not in keep)

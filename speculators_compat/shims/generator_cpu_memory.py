@@ -4,7 +4,10 @@ On a machine without CUDA (vLLM's CPU backend, as in this project's tests) specu
 fails right after the workers start. The shim binds the generator module's ``torch`` to a thin
 proxy whose ``cuda.mem_get_info`` reports the CPU KV-cache budget (``VLLM_CPU_KVCACHE_SPACE``
 GiB scaled so speculators' own fraction yields it, else available RAM) and whose
-``cuda.empty_cache`` does nothing. Everything else is torch itself. On GPUs it is not applied.
+``cuda.empty_cache`` does nothing. Everything else is torch itself. When the generator builds its
+``ModelConfig`` and the user did not set ``VLLM_CPU_KVCACHE_SPACE``, the budget is chosen for the
+generator's own limits (:mod:`speculators_compat.cpu_kv_cache`: ``MAX_NUM_SEQS`` sequences of
+``max_model_len`` tokens) instead of 16% of the free memory. On GPUs it is not applied.
 
 Probe: CUDA is not available.
 """
@@ -14,8 +17,9 @@ from __future__ import annotations
 import os
 import types
 
-from ..registry import Shim, replace_attr
-from ._targets import GENERATOR, module
+from .. import cpu_kv_cache
+from ..registry import Shim, replace_attr, undo_all
+from ._targets import GENERATOR, module, rewrite_call
 
 NAME = "generator_cpu_memory"
 
@@ -61,16 +65,28 @@ class _TorchOnCpu(types.ModuleType):
         return getattr(self._real, name)
 
 
+def _model_config(_args: tuple, kwargs: dict) -> None:
+    if "model" in kwargs and "max_model_len" in kwargs:
+        seqs = getattr(module(GENERATOR), "MAX_NUM_SEQS", 32)
+        cpu_kv_cache.apply(cpu_kv_cache.choose(kwargs["model"], kwargs["max_model_len"], seqs))
+
+
 def patch():
     import torch
 
     gen = module(GENERATOR)
-    return replace_attr(gen, "torch", _TorchOnCpu(torch, gen), NAME)
+    return undo_all(
+        [
+            replace_attr(gen, "torch", _TorchOnCpu(torch, gen), NAME),
+            rewrite_call("ModelConfig", NAME, _model_config),
+        ]
+    )
 
 
 SHIM = Shim(
     name=NAME,
-    target=f"{GENERATOR}:torch.cuda.mem_get_info, {GENERATOR}:torch.cuda.empty_cache",
+    target=f"{GENERATOR}:torch.cuda.mem_get_info, {GENERATOR}:torch.cuda.empty_cache, "
+    f"{GENERATOR}:ModelConfig",
     vllm=">=0.11",
     platform="cpu",
     symptom="RuntimeError: Found no NVIDIA driver on your system. Please check that you have an "
