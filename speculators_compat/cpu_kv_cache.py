@@ -38,10 +38,11 @@ class KvCacheChoice:
     reason: str
 
 
-def bytes_per_token(model: str | Path, use_mla: bool, dtype_bytes: int = 4) -> int:
+def bytes_per_token(model: str | Path, use_mla: bool, dtype_bytes: int = 4, extra_layers: int = 0) -> int:
     """KV-cache bytes one token takes in every attention layer of ``model``, as vLLM stores it:
     the latent (``kv_lora_rank + qk_rope_head_dim``) with MLA, keys and values otherwise.
-    ``dtype_bytes``: 4 (float32, the most any CPU engine here uses) unless told."""
+    ``dtype_bytes``: 4 (float32, the most any CPU engine here uses) unless told;
+    ``extra_layers``: layers of the same size sharing the cache (a draft's)."""
     from .cpu_mla import text_config
 
     text = text_config(model)
@@ -58,7 +59,7 @@ def bytes_per_token(model: str | Path, use_mla: bool, dtype_bytes: int = 4) -> i
         kv_heads = int(text.get("num_key_value_heads") or heads)
         head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
         per_layer = 2 * kv_heads * head_dim
-    return layers * per_layer * dtype_bytes
+    return (layers + extra_layers) * per_layer * dtype_bytes
 
 
 def vllm_default_bytes() -> int:
@@ -83,12 +84,10 @@ def choose(
 
     mla = cpu_mla.choose(model)
     try:
-        per_token = bytes_per_token(model, use_mla=mla is not None and mla.use_mla)
-        layers = int(cpu_mla.text_config(model)["num_hidden_layers"])
+        per_token = bytes_per_token(model, mla is not None and mla.use_mla, extra_layers=extra_layers)
     except (KeyError, TypeError, ValueError, OSError) as exc:
         log.info("KV cache: vLLM's default (the model's config does not give its size: %r)", exc)
         return None
-    per_token = per_token * (layers + extra_layers) // layers
     need = per_token * max_model_len * max_num_seqs
     default = vllm_default_bytes()
     wanted = max(1, math.ceil(need * MARGIN / GIB))

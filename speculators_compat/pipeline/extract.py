@@ -141,15 +141,15 @@ def extract(
     prepared.set_format(None)
     out = run.hidden_states
     out.mkdir(parents=True, exist_ok=True)
+    have = existing_samples(out)  # (partly written files are not data_{i}.pt: the same after)
     wanted = dtype or os.environ.get("SPECULATORS_COMPAT_DTYPE") or "auto"
-    _start_shard(run, shard, wanted, existing_samples(out))  # before any file is touched
+    _start_shard(run, shard, wanted, have)  # before any file is touched
     # A shard removes only its own samples' leftovers: another may be writing its files now.
     leftovers = remove_partials(
         out, lambda name: shard == WHOLE or ((i := sample_index(name)) is not None and shard.owns(i))
     )
     if leftovers:
         log.info("removed %d partly written files of an interrupted extraction", leftovers)
-    have = existing_samples(out)
     stray = sorted(i for i in have if i >= len(prepared))
     if stray:
         raise PipelineError(
