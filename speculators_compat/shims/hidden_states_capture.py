@@ -15,8 +15,9 @@ letting the model run its own forward and hooking the requested decoder layers
   ``model.language_model.model``, not ``model.model``.
 
 It also files each step's rows under their request (chunked prefill, reordering), for
-``token_attribution``. Probe: DeepSeek-V2's vLLM class fails speculators' ``supports_eagle3``
-gate, or Llama's base model lacks ``get_input_embeddings``.
+``token_attribution``. Probe: vLLM's model interface (``VllmModel``) declares
+``embed_input_ids`` (0.12+, every model's ``get_input_embeddings`` renamed at once), or
+DeepSeek-V2's vLLM class fails speculators' ``supports_eagle3`` gate (0.11).
 """
 
 from __future__ import annotations
@@ -28,11 +29,16 @@ NAME = "hidden_states_capture"
 
 
 def probe() -> bool:
+    # vLLM's model interface (imported with vLLM's model registry, so free here) declares
+    # embed_input_ids from 0.12, when every model's get_input_embeddings was renamed to it.
+    from vllm.model_executor.models.interfaces_base import VllmModel
+
+    if hasattr(VllmModel, "embed_input_ids"):
+        return True
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
     from vllm.model_executor.models.interfaces import supports_eagle3
-    from vllm.model_executor.models.llama import LlamaModel
 
-    return not supports_eagle3(DeepseekV2ForCausalLM) or not hasattr(LlamaModel, "get_input_embeddings")
+    return not supports_eagle3(DeepseekV2ForCausalLM)
 
 
 def _setup_hidden_states_capture(self, layer_ids):
