@@ -2,11 +2,111 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+#: ``0``: every fresh process is a new interpreter (no fork server).
+FORK_ENV = "SPECULATORS_COMPAT_TEST_FORK"
+_server: dict = {}
+
+
+def _forkserver_socket() -> str | None:
+    """The session's fork server (tests/forkserver.py), started on first use; None if it is off."""
+    import torch
+
+    if os.environ.get(FORK_ENV, "1") == "0" or torch.cuda.is_available():
+        return None  # (a child forked after CUDA was asked for could not use it)
+    if "path" not in _server:
+        folder = tempfile.mkdtemp(prefix="speculators-compat-forkserver-")
+        path = os.path.join(folder, "socket")
+        log_path = os.path.join(folder, "log")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.forkserver", path],
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,
+            )
+        # (what preloading vLLM logs comes first: vLLM's logger writes to stdout)
+        line = proc.stdout.readline()
+        while line and not line.startswith('{"ready"'):
+            line = proc.stdout.readline()
+        if not line:
+            proc.wait()
+            raise RuntimeError(f"the tests' fork server did not start:\n{Path(log_path).read_text()[-4000:]}")
+        atexit.register(proc.kill)
+        _server.update(path=path, proc=proc)
+    return _server["path"]
+
+
+def _readline(conn: socket.socket) -> str:
+    """One line (the server's pid line and exit-status line can arrive together: byte by byte)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(1)
+        if not chunk:
+            raise RuntimeError("the tests' fork server went away")
+        data += chunk
+    return data.decode()
+
+
+def fresh(
+    args: list[str],
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    timeout: float | None = None,
+    fork: bool = True,
+) -> subprocess.CompletedProcess:
+    """``python ARGS`` as a fresh process (stdin empty, output captured as text), like
+    ``subprocess.run``; forked from the session's fork server (tests/forkserver.py says what a
+    child keeps of a fresh interpreter) unless ``fork`` is False or $SPECULATORS_COMPAT_TEST_FORK
+    is 0. ``env`` is the whole environment (default: this process's)."""
+    env = dict(os.environ if env is None else env)
+    cwd = str(cwd or os.getcwd())
+    path = _forkserver_socket() if fork else None
+    if path is None:
+        return subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd,
+            timeout=timeout, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    from tests.forkserver import HEADER
+
+    with (
+        tempfile.TemporaryFile("w+") as out,
+        tempfile.TemporaryFile("w+") as err,
+        open(os.devnull) as devnull,
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn,
+    ):
+        conn.connect(path)
+        body = json.dumps({"argv": list(map(str, args)), "env": env, "cwd": cwd}).encode()
+        socket.send_fds(conn, [HEADER.pack(len(body))], [devnull.fileno(), out.fileno(), err.fileno()])
+        conn.sendall(body)
+        pid = int(_readline(conn))
+        conn.settimeout(timeout)
+        try:
+            returncode = int(_readline(conn))
+        except TimeoutError:
+            os.killpg(pid, signal.SIGKILL)
+            conn.settimeout(None)
+            _readline(conn)
+            out.seek(0)
+            err.seek(0)
+            raise subprocess.TimeoutExpired(args, timeout, out.read(), err.read()) from None
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess([sys.executable, *args], returncode, out.read(), err.read())
 
 
 def run_python(code: str, env: dict[str, str | None] | None = None, timeout: float = 600) -> dict:
@@ -17,13 +117,7 @@ def run_python(code: str, env: dict[str, str | None] | None = None, timeout: flo
     print its line with ``flush=True`` (``PYTHONUNBUFFERED`` in a developer's shell hides this).
     """
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-    )
+    proc = fresh(["-c", textwrap.dedent(code)], env=full_env, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -46,9 +140,7 @@ def run_generator(
     timeout: float = 600,
 ) -> dict:
     """tests/shims/run_generator.py in a fresh process, with ``disable``d shims."""
-    from pathlib import Path
-
-    args = [sys.executable, "-m", "tests.shims.run_generator", model, str(count)]
+    args = ["-m", "tests.shims.run_generator", model, str(count)]
     if chunked:
         args.append("--chunked")
     if worker_assert:
@@ -59,9 +151,7 @@ def run_generator(
         # vLLM's CPU workers bind OpenMP threads per NUMA node by default and refuse a second
         # worker on a single-node machine; one core per worker instead.
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(tensor_parallel)))
-    proc = subprocess.run(
-        args, capture_output=True, text=True, env=env, timeout=timeout, cwd=Path(__file__).parents[1]
-    )
+    proc = fresh(args, env=env, timeout=timeout, cwd=ROOT)
     lines = [line for line in proc.stdout.splitlines() if line.startswith('{"ok"')]
     if not lines:
         raise AssertionError(
@@ -73,18 +163,8 @@ def run_generator(
 
 def run_draft(mode: str, disable: str = "", timeout: float = 600) -> dict:
     """tests/shims/run_draft.py MODE in a fresh process, with ``disable``d shims."""
-    from pathlib import Path
-
     env = {**os.environ, "SPECULATORS_COMPAT_DISABLE": disable}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.shims.run_draft", mode],
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=Path(__file__).parents[1],
-    )
+    proc = fresh(["-m", "tests.shims.run_draft", mode], env=env, timeout=timeout, cwd=ROOT)
     # (transformers' remote-code prompt may precede the line without a newline)
     lines = [line[line.index('{"ok"') :] for line in proc.stdout.splitlines() if '{"ok"' in line]
     if not lines:

@@ -5,21 +5,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).parents[1]
+from tests.helpers import ROOT, fresh
 
 
 def cli(*args, env: dict[str, str | None] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     """``speculators-compat ARGS`` in a fresh process; ``env`` adds to this one's environment (a
     value of None removes the variable)."""
-    return subprocess.run(
-        [sys.executable, "-m", "speculators_compat", *map(str, args)],
-        capture_output=True,
-        text=True,
+    return fresh(
+        ["-m", "speculators_compat", *map(str, args)],
         env={k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None},
         timeout=timeout,
         cwd=ROOT,

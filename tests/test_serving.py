@@ -110,12 +110,17 @@ def test_regenerated_answers_are_the_verifier_own_greedy_tokens(served):
     assert agree / total >= 0.95, agree / total
 
 
-def test_ablation_aux_ids_shifted_back_by_one_is_worse(served, tmp_path):
+def test_a_draft_with_aux_ids_shifted_back_by_one_is_served_losslessly(served, tmp_path):
     """The same weights served with the captured layer ids taken as vLLM's (one layer early):
-    vLLM accepts fewer of its tokens; outputs stay lossless. Measured on the demo (64 prompts):
-    position 0 0.305 -> 0.264, mean accepted length 1.52 -> 1.49. Not a collapse: with this
-    random verifier, whose greedy answers loop, the draft leans on the token more than on the
-    verifier's states, and adjacent layers' states differ by 10-30%."""
+    serve-check runs it without refusing (check_layer_ids=False), and the outputs stay the
+    verifier's.
+
+    Acceptance does not tell the two apart on this random verifier, whose greedy answers loop
+    and whose adjacent layers' states differ by 10-30%: measured at position 0, right ids 0.305,
+    0.280, 0.286, 0.331 (four demo runs; the whole pipeline varies by about +-0.03 from run to
+    run), shifted ids 0.264 and 0.300. What proves the ids right is that vLLM feeds exactly the
+    training states (test_served_draft_is_fed_the_states_it_was_trained_on), and that the
+    shifted ones are more than 0.1 off them (the same check)."""
     run, report, _ = served
     draft = _draft_with(run, tmp_path / "draft", captured_layer_ids(run)[:-1])
     shifted = serve_check(run, draft=draft, check_layer_ids=False)
@@ -124,11 +129,6 @@ def test_ablation_aux_ids_shifted_back_by_one_is_worse(served, tmp_path):
     # The training code's replay reads the extracted states, not the config: it does not move.
     assert shifted.expected_per_position == report["expected_per_position"]
     assert shifted.prompts == report["prompts"]
-    assert shifted.acceptance_per_position[0] < report["acceptance_per_position"][0], (
-        shifted.acceptance_per_position,
-        report["acceptance_per_position"],
-    )
-    assert shifted.mean_accepted_length < report["mean_accepted_length"]
 
 
 def test_served_draft_is_fed_the_states_it_was_trained_on(served):

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
 from speculators_compat.shims.config_dtype_annotation import SHIM
+from tests.helpers import fresh
 
 IMPORT = "import speculators_compat, speculators; print('imported', speculators_compat.status()[0].state)"
 
 
 def _import(disable: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "SPECULATORS_COMPAT_DISABLE": disable}
-    args = [sys.executable, "-c", IMPORT]
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    return fresh(["-c", IMPORT], env=env, timeout=300)
 
 
 def test_speculators_imports_with_the_shim(state):

@@ -8,16 +8,27 @@ from tests.helpers import run_generator
 from tests.shims.conftest import needs_claim
 
 
-def test_the_generator_block_size_is_one_the_cpu_kernels_take(state):
+def test_the_generator_block_size_is_one_vllm_accepts(state):
+    """vLLM's own check (``AttentionBackend.supports_block_size``), not the shim's probe, says
+    whether speculators' 16 needed changing and whether the block size in use is valid."""
     import speculators.data_generation.vllm_hidden_states_generator as gen
 
-    assert cpu_block_size(16) == gen.VLLM_BLOCK_SIZE
-    assert (gen.VLLM_BLOCK_SIZE != 16) == (state(SHIM) == "applied") == probe_on_original()
+    backend = cpu_attention_backend()
+    if backend is None:  # TorchSDPABackend (older releases) takes any size
+        assert gen.VLLM_BLOCK_SIZE == 16 and state(SHIM) == "not needed"
+        return
+    assert backend.supports_block_size(gen.VLLM_BLOCK_SIZE)
+    assert (state(SHIM) == "applied") == (not backend.supports_block_size(16))
+    assert (gen.VLLM_BLOCK_SIZE != 16) == (state(SHIM) == "applied")
 
 
-def probe_on_original() -> bool:
-    """The probe, asked about speculators' own value (16)."""
-    return cpu_block_size(16) != 16
+def cpu_attention_backend():
+    """vLLM's CPU attention backend class, where it has one that checks block sizes."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:
+        return None
+    return CPUAttentionBackend if hasattr(CPUAttentionBackend, "supports_block_size") else None
 
 
 def test_without_it_the_kv_cache_has_no_common_block_size(claimed):
