@@ -185,3 +185,18 @@ def test_memory_is_released_once_per_budget_of_states_taken(monkeypatch):
         capture.take_packed([f"r{batch}"])
     assert len(calls) == 2  # before batches 3 and 6 (0-based), after 12 KiB each time
     assert capture.taken_since_release == 4096
+
+
+def test_a_sample_saves_only_its_own_rows_and_copies_nothing_it_owns(tmp_path):
+    """extract's record: a view into a batch tensor is copied (torch.save writes whole storages),
+    a tensor that owns its storage (unpack_states' result) is saved as it is."""
+    from speculators_compat.pipeline.extract import sample_record
+
+    batch = torch.randn(1000, 64)
+    view, owned = batch[10:20], torch.randn(10, 64)
+    sample = sample_record(list(range(10)), [view, owned], [1] * 10)
+    assert sample["hidden_states"][1] is owned
+    copied = sample["hidden_states"][0]
+    assert torch.equal(copied, view) and copied.untyped_storage().nbytes() == view.nbytes
+    torch.save(sample, tmp_path / "data_0.pt")
+    assert (tmp_path / "data_0.pt").stat().st_size < batch.nbytes / 10

@@ -207,11 +207,7 @@ def extract(
                 ) from exc
             for i, row, result in zip(chunk, rows, results, strict=True):
                 n = len(result["input_ids"])
-                sample = {
-                    "input_ids": torch.as_tensor(result["input_ids"], dtype=torch.long),
-                    "hidden_states": [h.contiguous().clone() for h in result["hidden_states"]],
-                    "loss_mask": torch.as_tensor(row["loss_mask"][:n], dtype=torch.long),
-                }
+                sample = sample_record(result["input_ids"], result["hidden_states"], row["loss_mask"][:n])
                 write_file(out / f"data_{i}.pt", lambda tmp, s=sample: torch.save(s, tmp))
             bar.update(len(chunk))
         bar.close()
@@ -375,6 +371,31 @@ def require_all_samples(run: RunFolder, needed_by: str) -> None:
             "extract them; nothing was changed."
         )
     run.require("extract", needed_by)
+
+
+def sample_record(input_ids, hidden_states, loss_mask) -> dict:
+    """One ``data_{i}.pt`` as speculators' data loader reads it. ``torch.save`` writes a tensor's
+    whole storage: a state that is a view into a larger one (speculators' own generator returns
+    slices of one batch tensor) is copied into storage of its own; a state that owns its storage
+    (what ``unpack_states`` gives each request) is saved as it is, without another copy."""
+    import torch
+
+    return {
+        "input_ids": torch.as_tensor(input_ids, dtype=torch.long),
+        "hidden_states": [_owning(h) for h in hidden_states],
+        "loss_mask": torch.as_tensor(loss_mask, dtype=torch.long),
+    }
+
+
+def _owning(state):
+    import torch
+
+    owns = (
+        state.is_contiguous()
+        and state.storage_offset() == 0
+        and state.untyped_storage().nbytes() == state.nbytes
+    )
+    return state if owns else state.clone(memory_format=torch.contiguous_format)
 
 
 def write_data_config(
