@@ -35,10 +35,7 @@ def status() -> None:
 
     rows = apply_now()
     v = installed_versions()
-    click.echo(
-        f"vLLM {v.vllm}, speculators {v.speculators}, torch {v.torch}, "
-        f"transformers {v.transformers} (tested vLLM releases: {TESTED_VLLM_TEXT})"
-    )
+    click.echo(f"{v.line()} (tested vLLM releases: {TESTED_VLLM_TEXT})")
     width = max(len(r.shim.name) for r in rows)
     click.echo(f"{'shim':<{width}}  {'state':<10}  {'vLLM range':<14}  why")
     for r in rows:
@@ -194,7 +191,7 @@ def doctor() -> None:
 
     findings = diagnose()
     v = installed_versions()
-    click.echo(f"vLLM {v.vllm}, speculators {v.speculators}, torch {v.torch}, transformers {v.transformers}")
+    click.echo(v.line())
     width = max(len(f.point.name) for f in findings)
     for f in findings:
         detail = {MATCHES: "", ABSENT: f.evidence, SHIMMED: f"{', '.join(f.shims)}: {f.evidence}"}.get(

@@ -149,13 +149,14 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
             if version is None or is_tested(version)
             else (f" (vLLM {version} is untested; the probe decided)")
         )
+        on = f"on vLLM {version}" if version is not None else "(vLLM is not installed)"
         try:
             needed = shim.probe()
         except Exception as exc:  # a probe that cannot run is itself a drift worth reporting
             log.error("shim %s: its probe failed:\n%s", shim.name, traceback.format_exc())
             return _set(shim, "failed", f"probe raised {type(exc).__name__}: {exc}")
         if not needed:
-            return _set(shim, "not needed", f"probe found no drift on vLLM {version}{untested}")
+            return _set(shim, "not needed", f"probe found no drift {on}{untested}")
         if shim.requires:
             # Import what the required shims hook on, so that they are applied (and reported)
             # in this process too, before this one builds on them.
@@ -171,7 +172,7 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
             log.error("shim %s failed to apply:\n%s", shim.name, traceback.format_exc())
             return _set(shim, "failed", f"patch raised {type(exc).__name__}: {exc}")
         log.debug("applied shim %s", shim.name)
-        return _set(shim, "applied", f"probe found the drift on vLLM {version}{untested}")
+        return _set(shim, "applied", f"probe found the drift {on}{untested}")
 
 
 def _set(shim: Shim, state: str, reason: str) -> Status:
@@ -228,10 +229,28 @@ def apply_now() -> list[Status]:
         try:
             importlib.import_module(shim.hook_module)
         except ModuleNotFoundError as exc:
-            if exc.name is None or not shim.hook_module.startswith(exc.name):
-                raise  # the module exists but something it imports is missing: a real error
-            _apply(shim, absent=f"{shim.hook_module} does not exist in this release")
+            _apply(shim, absent=_absent_reason(shim.hook_module, exc))
     return status()
+
+
+def _absent_reason(hook_module: str, exc: ModuleNotFoundError) -> str:
+    """Why a shim's hook module cannot be imported, where that means the shim has nothing to
+    patch: the module is gone from this release, or the package it needs (vLLM, on a machine
+    that only trains) is not installed. Anything else is a real error and is raised."""
+    import importlib.util
+
+    top = (exc.name or "").split(".")[0]
+    try:
+        installed = bool(top) and importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules: blocked, not there
+        installed = False
+    if top and not installed:
+        return f"{top} is not installed here" + (
+            "" if hook_module.startswith(top) else f" ({hook_module} imports it)"
+        )
+    if exc.name and hook_module.startswith(exc.name):
+        return f"{hook_module} does not exist in this release"
+    raise exc  # the module exists but something it imports is missing: a real error
 
 
 def status() -> list[Status]:

@@ -55,6 +55,13 @@ class Versions:
     def as_dict(self) -> dict[str, str | None]:
         return {k: (str(v) if v is not None else None) for k, v in self.__dict__.items()}
 
+    def line(self) -> str:
+        """One line for reports: ``vLLM 0.16.0, speculators 0.3.0, torch ..., transformers ...``."""
+        names = {"vllm": "vLLM"}
+        return ", ".join(
+            f"{names.get(k, k)} {v if v is not None else 'not installed'}" for k, v in self.__dict__.items()
+        )
+
 
 def _dist_version(distribution: str) -> Version | None:
     try:

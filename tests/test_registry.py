@@ -190,3 +190,22 @@ def test_readme_table_lists_every_shim():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     for shim in SHIMS:
         assert f"| `{shim.name}` |" in readme, f"README's shim table lacks {shim.name}"
+
+
+def test_status_on_a_machine_without_vllm_reports_instead_of_crashing():
+    """A machine that only trains (torch and speculators, no vLLM: the GPU box of issue 15)
+    imports speculators' generator module, which imports vLLM. ``status`` there used to end in
+    ``ModuleNotFoundError: No module named 'vllm.config'``; it reports the vLLM shims as having
+    nothing to patch and resolves the training shims by their probes.
+
+    A plain subprocess, not a fork: the fork server has imported vLLM already."""
+    code = "import sys; sys.modules['vllm'] = None; from speculators_compat.cli import main; main(['status'])"
+    proc = fresh(["-c", code], fork=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("vLLM not installed, speculators 0.3"), proc.stdout[:300]
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[2:] if line.strip()}
+    assert "not needed" in rows["generator_executor"]
+    assert "vllm is not installed here" in rows["generator_executor"]
+    for name in ("draft_verifier_wrapper", "training_target_final_norm", "draft_from_pretrained"):
+        assert " applied " in rows[name], rows[name]
+        assert "(vLLM is not installed)" in rows[name]

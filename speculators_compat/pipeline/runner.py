@@ -47,8 +47,7 @@ def environment_line(with_shims: bool = True) -> str:
     from ..registry import applied
     from ..versions import installed_versions
 
-    v = installed_versions()
-    line = f"vLLM {v.vllm}, speculators {v.speculators}, torch {v.torch}, transformers {v.transformers}"
+    line = installed_versions().line()
     if with_shims:
         line += f"; shims applied so far: {', '.join(applied()) or 'none yet (they apply as modules load)'}"
     return line

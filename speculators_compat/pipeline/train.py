@@ -55,7 +55,8 @@ class _MetricsFile(logging.Handler):
     def emit(self, record):
         if not isinstance(record.msg, dict):
             return
-        entry = {"step": getattr(record, "step", None), **record.msg}
+        # time: when the step's metrics were read (after its loss synchronised the device)
+        entry = {"step": getattr(record, "step", None), "time": round(record.created, 3), **record.msg}
         with self.path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
         train = record.msg.get("train")
@@ -115,6 +116,9 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
     run.require("vocab", "train")
     local_rank, world_size, rank, distributed = maybe_setup_distributed()
     device = torch.device(local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    # The run's seed decides the draft's initial weights and the training noise (both drawn on
+    # the CPU): the same run folder trains the same draft on a CPU and on a GPU, up to numerics.
+    torch.manual_seed(int(run.settings().get("seed") or 0))
     d2t = torch.from_numpy(np.load(run.vocab / "d2t.npy")).to(device)
     t2d = torch.from_numpy(np.load(run.vocab / "t2d.npy")).to(device)
     layer_config, verifier = transformer_layer_config(info, options.num_layers)
