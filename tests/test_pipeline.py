@@ -69,6 +69,28 @@ def test_demo_training_loss_decreases(demo_run):
     assert "training loss" in stdout
 
 
+@pytest.mark.training
+def test_training_the_same_run_again_gives_the_same_losses(demo_run, tmp_path):
+    """The run's seed decides the draft's initial weights and the training noise: training a copy
+    of the demo's folder again (what benchmarks/gpu_train.py does on a GPU, to compare the curves)
+    reproduces the demo's losses exactly on the same machine. Each step records its time."""
+    import shutil
+
+    run, _ = demo_run
+    out = tmp_path / "run"
+    shutil.copytree(run.root, out, ignore=shutil.ignore_patterns("checkpoints", "train_metrics.jsonl"))
+    proc = cli("train", "--out", out, "--epochs", 2, "--lr", "1e-3", "--total-seq-len", 1024, "--quiet")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+    def steps(path):
+        return [json.loads(x) for x in path.read_text().splitlines() if '"train"' in x]
+
+    first, again = steps(run.metrics), steps(out / "train_metrics.jsonl")
+    assert [m["train"]["loss"] for m in again] == [m["train"]["loss"] for m in first]
+    times = [m["time"] for m in again]
+    assert times == sorted(times) and times[-1] - times[0] > 0
+
+
 def test_speculators_loader_reads_the_extraction(demo_run):
     from speculators.train.data import Eagle3SampleFileDataset
 
