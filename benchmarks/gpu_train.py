@@ -88,6 +88,23 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if '"train"' in line]
 
 
+class RecompileLimitHits:
+    """Counts dynamo's "hit config.recompile_limit" warnings: a frame that then runs eagerly."""
+
+    def __init__(self):
+        import logging
+
+        self.hits: list[str] = []
+        handler = logging.Handler()
+        handler.emit = (
+            lambda r: self.hits.append(r.getMessage()) if "recompile_limit" in r.getMessage() else None
+        )
+        logging.getLogger("torch._dynamo").addHandler(handler)
+
+
+HITS = None
+
+
 def dynamo_graphs() -> int:
     from torch._dynamo.utils import counters
 
@@ -139,6 +156,7 @@ def demo(carried: Path, work: Path, model: Path | None) -> dict:
         "steps_gpu": len(gpu_losses),
         "seconds": round(seconds, 1),
         "dynamo_graphs_compiled": dynamo_graphs() - graphs,
+        "recompile_limit_hits": list(HITS.hits),
         # speculators' @torch.compile wrapper, or the eager forward draft_eager_on_cpu puts back
         "draft_forward_compiled": draft_forward_compiled(),
         "status": status.getvalue(),
@@ -271,7 +289,13 @@ def kimi_train(run_dir: Path, total_seq_len: int, num_workers: int, warmup: int,
         cli("train", "--out", str(run_dir), "--quiet", "--epochs", "1", "--total-seq-len", str(total_seq_len),
             "--num-workers", str(num_workers))  # fmt: skip
     except torch.OutOfMemoryError as exc:
-        return {"total_seq_len": total_seq_len, "fits": False, "error": str(exc).splitlines()[0]}
+        error = str(exc).splitlines()[0]
+        return {
+            "total_seq_len": total_seq_len,
+            "fits": False,
+            "error": error,
+            "recompile_limit_hits": len(HITS.hits),
+        }
     t_end = time.time()
     steps = metrics(run_dir)
     times = [t0] + [m["time"] for m in steps]
@@ -294,6 +318,7 @@ def kimi_train(run_dir: Path, total_seq_len: int, num_workers: int, warmup: int,
         "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / GB, 1) if cuda else None,
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GB, 1) if cuda else None,
         "epoch_end_s": round(t_end - times[-1], 1),
+        "recompile_limit_hits": len(HITS.hits),
         "loss_first_last": [steps[0]["train"]["loss"], steps[-1]["train"]["loss"]] if steps else None,
     }
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # ~14 GB each at this size
@@ -393,6 +418,9 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import speculators_compat  # noqa: F401  (the documented entry point: activates the shims)
+
+    global HITS
+    HITS = RecompileLimitHits()
 
     args.work.mkdir(parents=True, exist_ok=True)
     report = {"environment": environment()}

@@ -67,6 +67,34 @@ class _MetricsFile(logging.Handler):
                 self.bar.set_postfix(loss=f"{train['loss']:.4f}")
 
 
+#: torch.compile variants of one draft frame that training needs (measured on an H100, Kimi-K2.5
+#: sizes: dynamo's default of 8 is spent inside the first steps).
+DRAFT_RECOMPILE_LIMIT = 64
+
+
+def draft_compile_limits():
+    """A context in which dynamo may compile the draft's frames often enough for training.
+
+    On GPUs speculators compiles ``Eagle3DraftModel.forward``. Each decoder layer call is a frame
+    of its own whose guards change with the test-time-training step (the layer's KV cache is a
+    strided view at step 0, a concatenation after), with grad mode (validation) and with how many
+    samples a batch packs. Past dynamo's ``recompile_limit`` (8) the frame runs eagerly:
+    ``torch._dynamo hit config.recompile_limit (8) ... function: '__call__'
+    (transformers/modeling_layers.py)``, and flex attention, no longer compiled, materialises the
+    whole score matrix (heads x tokens x 3*tokens floats): ``CUDA out of memory`` at 4,096 tokens
+    on an 80 GB H100 for the Kimi-K2.5-sized draft. The limit is raised for training only; on CPU
+    (the draft runs eagerly there) this changes nothing."""
+    import contextlib
+
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    if getattr(config, name) >= DRAFT_RECOMPILE_LIMIT:
+        return contextlib.nullcontext()
+    return config.patch({name: DRAFT_RECOMPILE_LIMIT})
+
+
 def transformer_layer_config(info: ModelInfo, num_layers: int):
     """A Llama decoder layer config in the verifier's sizes (speculators' draft layer type)."""
     from transformers import AutoConfig, LlamaConfig
@@ -211,7 +239,8 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
     if rank == 0:
         metrics.addHandler(handler)
     try:
-        trainer.run_training()
+        with draft_compile_limits():
+            trainer.run_training()
     finally:
         metrics.removeHandler(handler)
         metrics.propagate = propagate
