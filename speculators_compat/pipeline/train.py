@@ -88,11 +88,10 @@ def draft_compile_limits():
 
     import torch._dynamo
 
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    if getattr(config, name) >= DRAFT_RECOMPILE_LIMIT:
+    config = torch._dynamo.config  # recompile_limit: torch >= 2.6 (the oldest tested is 2.8)
+    if config.recompile_limit >= DRAFT_RECOMPILE_LIMIT:
         return contextlib.nullcontext()
-    return config.patch({name: DRAFT_RECOMPILE_LIMIT})
+    return config.patch(recompile_limit=DRAFT_RECOMPILE_LIMIT)
 
 
 def transformer_layer_config(info: ModelInfo, num_layers: int):
