@@ -68,6 +68,7 @@ def environment() -> dict:
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
         "versions": installed_versions().line(),
+        "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     }
 
 
@@ -78,6 +79,10 @@ def cli(*args: str) -> None:
         main(list(args), standalone_mode=False)
     except SystemExit as exc:  # the CLI's clear errors end in sys.exit(2)
         if exc.code:
+            # train's clear error for a step that did not fit wraps CUDA's: hand that on
+            oom = getattr(exc.__context__, "__cause__", None)
+            if type(oom).__name__ == "OutOfMemoryError":
+                raise oom from None
             raise RuntimeError(f"speculators-compat {' '.join(args)} exited with {exc.code}") from None
 
 

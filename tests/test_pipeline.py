@@ -16,6 +16,7 @@ import torch
 from speculators_compat.pipeline.check import check_against_reference
 from speculators_compat.pipeline.layout import RunFolder
 from speculators_compat.reference import TOLERANCE
+from tests.helpers import fresh
 from tests.pipeline_helpers import ROOT, assert_served_states_equal_training_states, cli, prepare
 
 SAMPLES = 40
@@ -89,6 +90,38 @@ def test_training_the_same_run_again_gives_the_same_losses(demo_run, tmp_path):
     assert [m["train"]["loss"] for m in again] == [m["train"]["loss"] for m in first]
     times = [m["time"] for m in again]
     assert times == sorted(times) and times[-1] - times[0] > 0
+
+
+@pytest.mark.training
+def test_running_out_of_gpu_memory_in_training_says_what_to_do(demo_run, tmp_path):
+    """A step that does not fit the GPU (``torch.OutOfMemoryError``, raised here by speculators'
+    trainer where CUDA would raise it: no GPU in CI) ends train with exit 2 and a message that
+    names the batch setting and the allocator setting, and keeps the run folder's finished
+    stages and epochs (train resumes from the last one)."""
+    import shutil
+
+    run, _ = demo_run
+    out = tmp_path / "run"
+    shutil.copytree(run.root, out, ignore=shutil.ignore_patterns("train_metrics.jsonl"))
+    before = json.loads((out / "run.json").read_text())
+    code = (
+        "import sys, torch\n"
+        "from speculators.train.trainer import Trainer\n"
+        "def step(self): raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.44 GiB.')\n"
+        "Trainer.run_training = step\n"
+        "from speculators_compat.cli import main\n"
+        "main(sys.argv[1:], prog_name='speculators-compat')\n"
+    )
+    proc = fresh(["-c", code, "train", "--out", str(out), "--total-seq-len", "1024", "--quiet"], cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "ran out of memory training with --total-seq-len 1024" in proc.stderr, proc.stderr[-3000:]
+    assert "Tried to allocate 2.44 GiB" in proc.stderr
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in proc.stderr
+    assert f"resumes from {out / 'checkpoints' / '1'}" in proc.stderr.replace("\n", "")
+    assert json.loads((out / "run.json").read_text()) == before
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == sorted(
+        p.name for p in run.checkpoints.iterdir()
+    )
 
 
 def test_speculators_loader_reads_the_extraction(demo_run):
