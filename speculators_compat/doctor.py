@@ -5,7 +5,12 @@ shim covers (with the evidence).
 Each :class:`Point` names how speculators uses it, a check against the installed vLLM's own
 objects (not the shimmed names), and the shims that cover a drift there. A point whose check
 finds drift is "shimmed" when one of those shims is applied in this process, else "UNCOVERED".
-Model classes that a vLLM release does not ship are reported "absent" (nothing to drift from).
+Model classes that a vLLM release does not ship are reported "absent" (nothing to drift from);
+a point whose module exists but does not import on this machine (a CUDA wheel's module that needs
+a GPU library) is "unknown", with the import error.
+
+doctor needs no GPU: on a machine without one it reads a CUDA wheel's API as well as a CPU
+build's (``tools/radar.py`` runs it over every release and writes ``docs/drift-map.md``).
 """
 
 from __future__ import annotations
@@ -15,11 +20,30 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-MATCHES, SHIMMED, UNCOVERED, ABSENT = "matches", "shimmed", "UNCOVERED", "absent"
+MATCHES, SHIMMED, UNCOVERED, ABSENT, UNKNOWN = "matches", "shimmed", "UNCOVERED", "absent", "unknown"
+STATES = (MATCHES, SHIMMED, UNCOVERED, ABSENT, UNKNOWN)
 
 
 class Absent(Exception):
     """The point does not exist in this vLLM by design (e.g. a model added later)."""
+
+
+class Unknown(Exception):
+    """The point cannot be checked on this machine: a module it lives in exists but does not
+    import here (a CUDA wheel's module that needs a GPU library, say). Not drift, not a match."""
+
+
+def import_module(name: str):
+    """``importlib.import_module``, telling drift (the module is gone: ModuleNotFoundError for
+    it) from a module that exists but fails to import on this machine (:class:`Unknown`)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+            raise
+        raise Unknown(f"{name} does not import here: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        raise Unknown(f"{name} does not import here: {type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -43,7 +67,7 @@ class Finding:
 def resolve(path: str):
     """``module:attr.attr`` -> the object."""
     module_name, _, attrs = path.partition(":")
-    obj = importlib.import_module(module_name)
+    obj = import_module(module_name)
     for attr in filter(None, attrs.split(".")):
         obj = getattr(obj, attr)
     return obj
@@ -87,10 +111,15 @@ def call_drift(path: str, given: tuple[str, ...]) -> Callable[[], str | None]:
 
 def exists(path: str) -> Callable[[], str | None]:
     def check() -> str | None:
+        from .shims.kv_cache_utils_moved import provided
+
         try:
             resolve(path)
         except (ImportError, AttributeError) as exc:
             return f"{path} is gone: {type(exc).__name__}: {exc}"
+        module_name, _, attr = path.partition(":")
+        if "." not in attr and provided(module_name, attr):
+            return f"{path} is gone (moved to vllm.v1.core.kv_cache_planning; the name is the shim's)"
         return None
 
     return check
@@ -150,7 +179,7 @@ def _model_class(arch: str):
 
     if arch not in ModelRegistry.get_supported_archs():
         raise Absent(f"{arch} is not in this vLLM's model registry")
-    return getattr(importlib.import_module(MODEL_MODULES[arch]), arch)
+    return getattr(import_module(MODEL_MODULES[arch]), arch)
 
 
 def _model_points(arch: str) -> list[Point]:
@@ -181,7 +210,7 @@ def _model_points(arch: str) -> list[Point]:
 
     def embeddings() -> str | None:
         _model_class(arch)
-        inner = getattr(importlib.import_module(MODEL_MODULES[arch]), INNER_MODELS[arch])
+        inner = getattr(import_module(MODEL_MODULES[arch]), INNER_MODELS[arch])
         if not hasattr(inner, "get_input_embeddings"):
             return f"{inner.__name__} has no get_input_embeddings (speculators' forward calls it)"
         return None
@@ -279,13 +308,21 @@ GEN_CALLS = [
     ),
     Point(
         "unify_hybrid_kv_cache_specs",
-        "unify_hybrid_kv_cache_specs(spec)",
+        "from vllm.v1.core.kv_cache_utils import unify_hybrid_kv_cache_specs",
         exists("vllm.v1.core.kv_cache_utils:unify_hybrid_kv_cache_specs"),
+        ("kv_cache_utils_moved",),
     ),
     Point(
         "_get_kv_cache_groups_uniform_spec",
-        "_get_kv_cache_groups_uniform_spec(spec)",
+        "from vllm.v1.core.kv_cache_utils import _get_kv_cache_groups_uniform_spec",
         exists("vllm.v1.core.kv_cache_utils:_get_kv_cache_groups_uniform_spec"),
+        ("kv_cache_utils_moved",),
+    ),
+    Point(
+        "get_kv_cache_config_from_groups",
+        "from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups",
+        exists("vllm.v1.core.kv_cache_utils:get_kv_cache_config_from_groups"),
+        ("kv_cache_utils_moved",),
     ),
     Point(
         "get_kv_cache_config_from_groups(...)",
@@ -412,9 +449,31 @@ WORKER_CALLS = [
 ]
 
 
+def _speculators_imports() -> str | None:
+    """With the shims applied, speculators' generator and worker modules import (a name they
+    import from vLLM that is gone and no shim provides fails here)."""
+    from .shims._targets import GENERATOR, WORKER
+
+    for name in (GENERATOR, WORKER):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            return f"import {name}: {type(exc).__name__}: {exc}"
+    return None
+
+
+IMPORTS = [
+    Point(
+        "speculators' generator imports",
+        "import vllm_hidden_states_generator, custom_worker (their from-vllm imports)",
+        _speculators_imports,
+    ),
+]
+
+
 def points() -> list[Point]:
     models = [p for arch in MODEL_MODULES for p in _model_points(arch)]
-    return GEN_CALLS + WORKER_CALLS + models
+    return IMPORTS + GEN_CALLS + WORKER_CALLS + models
 
 
 def diagnose() -> list[Finding]:
@@ -431,6 +490,9 @@ def diagnose() -> list[Finding]:
             evidence = point.check()
         except Absent as exc:
             findings.append(Finding(point, ABSENT, str(exc), []))
+            continue
+        except Unknown as exc:
+            findings.append(Finding(point, UNKNOWN, str(exc), []))
             continue
         except Exception as exc:  # a check that cannot run is drift too
             evidence = f"check raised {type(exc).__name__}: {exc}"

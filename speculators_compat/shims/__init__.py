@@ -12,6 +12,7 @@
 | scheduler_config_encoder_decoder | >=0.12 | SchedulerConfig "is_encoder_decoder Field required" |
 | cache_config_prefix_caching | >=0.12 | block_hashes assert / prefix-cached tokens never computed |
 | kv_cache_layout | >=0.29 | KV cache layout has not been resolved yet |
+| kv_cache_utils_moved | >=0.33 | cannot import name '_get_kv_cache_groups_uniform_spec' |
 | kv_cache_config_specs | >=0.12 | unexpected keyword argument 'kv_cache_specs' |
 | scheduler_block_size | >=0.12 | Scheduler missing 'block_size' |
 | request_eos_token_id | >=0.17 | Request got an unexpected keyword argument 'eos_token_id' |
@@ -68,6 +69,7 @@ from . import (
     kernel_rebind_scan,
     kv_cache_config_specs,
     kv_cache_layout,
+    kv_cache_utils_moved,
     multimodal_text_only,
     request_eos_token_id,
     scheduler_block_size,
@@ -87,6 +89,7 @@ SHIMS: list[Shim] = [
     cpu_rms_norm_strided.SHIM,
     cpu_moe_activation_config.SHIM,
     cpu_moe_silu_per_call.SHIM,
+    kv_cache_utils_moved.SHIM,
     generator_executor.SHIM,
     scheduler_config_encoder_decoder.SHIM,
     cache_config_prefix_caching.SHIM,

@@ -55,7 +55,7 @@ SHIM = Shim(
     name=NAME,
     target=f"{GENERATOR}:VLLM_BLOCK_SIZE",
     vllm=">=0.29",
-    platform="cpu",
+    platform="vllm-cpu",
     symptom="ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])",
     hook_module=GENERATOR,
     probe=probe,

