@@ -180,17 +180,38 @@ def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
 
 
 @main.command()
-def doctor() -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object: versions, and per point its state and evidence."
+)
+def doctor(as_json: bool) -> None:
     """Check every vLLM API point speculators 0.3.0 and the shims use, without loading a model.
 
     Per point: matches (what speculators expects), shimmed (drift a shim covers, named), UNCOVERED
-    (drift no shim covers, with the evidence) or absent (a model this vLLM does not ship). Exits 1
-    when anything is uncovered."""
-    from .doctor import ABSENT, MATCHES, SHIMMED, UNCOVERED, diagnose
+    (drift no shim covers, with the evidence), absent (a model this vLLM does not ship) or unknown
+    (its module does not import on this machine, e.g. a CUDA wheel's GPU-only module; the import
+    error is shown). Needs no GPU: a CUDA wheel's API is read on a CPU machine too. Exits 1 when
+    anything is uncovered."""
+    import json
+
+    from .doctor import ABSENT, MATCHES, SHIMMED, STATES, UNCOVERED, diagnose
     from .versions import installed_versions
 
     findings = diagnose()
     v = installed_versions()
+    counts = {s: sum(f.state == s for f in findings) for s in STATES}
+    if as_json:
+        points = [
+            {
+                "point": f.point.name,
+                "state": f.state,
+                "evidence": f.evidence,
+                "shims": f.shims,
+                "use": f.point.use,
+            }
+            for f in findings
+        ]
+        click.echo(json.dumps({"versions": v.as_dict(), "points": points, "counts": counts}))
+        sys.exit(1 if counts[UNCOVERED] else 0)
     click.echo(v.line())
     width = max(len(f.point.name) for f in findings)
     for f in findings:
@@ -198,7 +219,6 @@ def doctor() -> None:
             f.state, f"{f.evidence}  [speculators: {f.point.use}]"
         )
         click.echo(f"{f.point.name:<{width}}  {f.state:<9}  {detail}")
-    counts = {s: sum(f.state == s for f in findings) for s in (MATCHES, SHIMMED, UNCOVERED, ABSENT)}
     click.echo(", ".join(f"{n} {s}" for s, n in counts.items()))
     sys.exit(1 if counts[UNCOVERED] else 0)
 

@@ -56,3 +56,25 @@ request.RequestStatus = enum.Enum("RequestStatus", names)
     state, evidence = result["findings"]["RequestStatus.FINISHED_ABORTED"]
     assert state == "UNCOVERED" and "FINISHED_ABORTED" in evidence
     assert result["code"] == 1
+
+
+def test_a_module_that_does_not_import_here_is_unknown_not_drift():
+    """A CUDA wheel read on a machine without a GPU: a model module that exists but fails to
+    import (as vLLM 0.34's did here with a mismatched cuda-python: "module 'cuda.bindings.runtime'
+    has no attribute 'cudaLibrary_t'") is reported unknown, with the error, never a crash."""
+    alteration = """
+import sys
+KIMI = "vllm.model_executor.models.kimi_k25"
+sys.modules.pop(KIMI, None)
+class CudaOnly:
+    def find_spec(self, name, path=None, target=None):
+        if name == KIMI:
+            raise AttributeError("module 'cuda.bindings.runtime' has no attribute 'cudaLibrary_t'")
+sys.meta_path.insert(0, CudaOnly())
+"""
+    result = run_python(DRIFT.format(alteration=alteration))
+    state, evidence = result["findings"]["model KimiK25ForConditionalGeneration"]
+    assert state == "unknown", (state, evidence)
+    assert "does not import here" in evidence and "cudaLibrary_t" in evidence
+    state, _ = result["findings"]["model DeepseekV3ForCausalLM"]
+    assert state == "matches"
