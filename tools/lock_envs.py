@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSIONS = ["0.11", "0.12", "0.13", "0.14", "0.15", "0.16", "0.17", "0.22", "0.32"]
+VERSIONS = ["0.11", "0.12", "0.13", "0.14", "0.15", "0.16", "0.17", "0.22", "0.32", "0.34"]
 
 
 def main() -> None:

@@ -4,7 +4,7 @@
 | --- | --- | --- |
 | config_dtype_annotation | all (transformers 5) | import speculators: "name 'torch' is not defined" |
 | cpu_attention_block_size | >=0.29, CPU | No common block size for 16 (CPU_ATTN: [MultipleOf(32)]) |
-| kernel_rebind_scan | >=0.32 | engine start after numba: '_lib_fn_wrapper' object has no attribute 'get' |
+| kernel_rebind_scan | 0.32-0.33 | engine start after numba: '_lib_fn_wrapper' object has no attribute 'get' |
 | cpu_rms_norm_strided | 0.12-0.13, CPU | wrong DeepSeek states: CPU RMSNorm misreads strided views |
 | cpu_moe_activation_config | 0.14, CPU | "Current vLLM config is not set" in float32 MoE forward |
 | cpu_moe_silu_per_call | 0.20-0.24, CPU | "Current vLLM config is not set" in float32 MoE forward |

@@ -1,4 +1,7 @@
-"""vLLM 0.32, CPU: worker start-up fails in a process that imported numba (llvmlite).
+"""vLLM 0.32-0.33, CPU: worker start-up fails in a process that imported numba (llvmlite).
+
+vLLM 0.34 fixed it upstream (``_rebind_impls`` reads only a real ``dict``); the probe finds no
+``_rebind_kernels`` there.
 
 When a worker starts, vLLM's CPU platform points every reference to some Triton kernels at CPU
 replacements (``vllm.triton_utils.dispatcher._rebind_kernels``): it scans the namespace of every
@@ -81,7 +84,7 @@ def patch():
 SHIM = Shim(
     name=NAME,
     target=f"{HOOK}:_rebind_kernels",
-    vllm=">=0.32",
+    vllm=">=0.32,<0.34",
     symptom="AttributeError: '_lib_fn_wrapper' object has no attribute 'get' (engine start-up in a "
     "process that imported numba)",
     hook_module=HOOK,

@@ -19,6 +19,10 @@ def _platform_ok(shim) -> bool:
 
 @pytest.mark.parametrize("shim", SHIMS, ids=lambda s: s.name)
 def test_probe_agrees_with_the_claimed_range(shim, claimed, original_code):
+    if shim.platform == "vllm-cpu" and not _platform_ok(shim):
+        # a CUDA wheel read without a GPU (api-vllm0.34): vLLM cannot build its CPU config
+        # here, and the registry never probes a CPU-build shim on it (test below)
+        pytest.skip(f"{shim.name} applies to vLLM's CPU build only")
     assert shim.probe() == claimed(shim)
 
 
