@@ -32,6 +32,7 @@
 | worker_died | all | RuntimeError: cancelled (a worker died during generate; none named) |
 | draft_verifier_wrapper | all | draft cannot read a wrapped verifier (Kimi-K2.5) |
 | training_target_final_norm | all | targets miss the verifier's final norm |
+| training_resume_lr | all | the first step after a resume at the wrong learning rate |
 | draft_from_pretrained | all | a saved draft does not load: unexpected keyword argument 'verifier' |
 | draft_eager_on_cpu | all, CPU | InductorError: IndexError: tuple index out of range (training on CPU) |
 | draft_attention_cpu_grad | >=0.20 (torch 2.11+), CPU | FlexAttention does not support backward on CPU |
@@ -76,6 +77,7 @@ from . import (
     scheduler_config_encoder_decoder,
     token_attribution,
     tokenizer_remote_code,
+    training_resume_lr,
     training_target_final_norm,
     worker_died,
     worker_error_details,
@@ -115,6 +117,7 @@ SHIMS: list[Shim] = [
     draft_verifier_wrapper.SHIM,
     training_target_final_norm.SHIM,
     draft_from_pretrained.SHIM,
+    training_resume_lr.SHIM,
     draft_eager_on_cpu.SHIM,
     draft_attention_cpu_grad.SHIM,
     checkpointer_cpu.SHIM,

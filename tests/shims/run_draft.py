@@ -6,6 +6,7 @@ Modes
 - kimi: build the draft on the Kimi-K2.5 wrapper; its embeddings vs the checkpoint's
 - step: one training step of speculators' Trainer on CPU
 - resume: train one epoch, then resume the same run for a second
+- resume_lr: the learning rates of a resumed epoch against the uninterrupted run's
 - load: save the draft with speculators' checkpointer, load it with from_pretrained
 """
 
@@ -133,6 +134,33 @@ def resume() -> dict:
         start = trainer.current_epoch
         trainer.run_training()
         return {"resumed_at_epoch": start, "epochs": sorted(p.name for p in (Path(tmp) / "ckpt").iterdir())}
+
+
+def resume_lr() -> dict:
+    """Train 2 epochs; then, from a copy of the first epoch's checkpoint alone, resume the same
+    run (2 epochs): the learning rates of the second epoch, uninterrupted and resumed."""
+    import logging
+    import shutil
+
+    rates: list[tuple[int, float]] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: rates.append((r.msg["epoch"], r.msg["lr"])) if "lr" in r.msg else None
+    metrics = logging.getLogger("speculators.metrics")
+    metrics.setLevel(logging.INFO)
+    metrics.addHandler(handler)
+    with tempfile.TemporaryDirectory() as tmp:
+        whole, resumed = Path(tmp) / "whole", Path(tmp) / "resumed"
+        draft, _, info, _ = _draft("deepseek-v3-tiny")
+        _trainer(draft, whole, 2, info).run_training()
+        uninterrupted = [lr for epoch, lr in rates if epoch == 1]
+        shutil.copytree(whole / "data", resumed / "data")
+        shutil.copytree(whole / "ckpt" / "0", resumed / "ckpt" / "0")
+        rates.clear()
+        draft, _, info, _ = _draft("deepseek-v3-tiny")
+        trainer = _trainer(draft, resumed, 2, info)
+        start = trainer.current_epoch
+        trainer.run_training()
+    return {"resumed_at_epoch": start, "uninterrupted": uninterrupted, "resumed": [lr for _, lr in rates]}
 
 
 def load() -> dict:
