@@ -14,10 +14,10 @@
 | kv_cache_layout | >=0.29 | KV cache layout has not been resolved yet |
 | kv_cache_utils_moved | >=0.33 | cannot import name '_get_kv_cache_groups_uniform_spec' |
 | kv_cache_config_specs | >=0.12 | unexpected keyword argument 'kv_cache_specs' |
-| scheduler_block_size | >=0.12 | Scheduler missing 'block_size' |
+| scheduler_block_size | >=0.11.1 | Scheduler missing 'block_size' |
 | request_eos_token_id | >=0.17 | Request got an unexpected keyword argument 'eos_token_id' |
-| executor_sample_tokens | >=0.12 | execute_model returns None; sample_tokens must follow |
-| collective_rpc_unique_reply | >=0.12 | collective_rpc(unique_reply_rank=0) no longer a list: [0] misreads |
+| executor_sample_tokens | >=0.11.1 | execute_model returns None; sample_tokens must follow |
+| collective_rpc_unique_reply | >=0.11.1 | collective_rpc(unique_reply_rank=0): no list; [0] misreads |
 | worker_error_types | all | worker errors re-raised with their type and traceback |
 | tokenizer_remote_code | all | Kimi-K2.5's remote-code tokenizer loaded without trust_remote_code |
 | generator_cpu_memory | all, CPU | torch.cuda.mem_get_info on a machine without CUDA |

@@ -45,7 +45,7 @@ def patch():
 SHIM = Shim(
     name=NAME,
     target=f"{GENERATOR}:MultiprocExecutor.collective_rpc",
-    vllm=">=0.12",
+    vllm=">=0.11.1",
     symptom="RuntimeError: Boolean value of Tensor with more than one value is ambiguous "
     "(speculators' captured_states_list[0] is the first layer's tensor, not the list of layers)",
     hook_module=GENERATOR,

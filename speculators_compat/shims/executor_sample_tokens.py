@@ -38,7 +38,7 @@ def patch():
 SHIM = Shim(
     name=NAME,
     target=f"{GENERATOR}:MultiprocExecutor.execute_model",
-    vllm=">=0.12",
+    vllm=">=0.11.1",
     symptom="the second execute_model fails in the worker (RuntimeError: Worker failed with "
     "error 'State error: sample_tokens() must be called after execute_model() returns None.')",
     hook_module=GENERATOR,

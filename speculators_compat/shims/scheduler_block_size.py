@@ -29,7 +29,7 @@ def patch():
 SHIM = Shim(
     name=NAME,
     target=f"{GENERATOR}:Scheduler",
-    vllm=">=0.12",
+    vllm=">=0.11.1",
     symptom="TypeError: Scheduler.__init__() missing 1 required positional argument: 'block_size'",
     hook_module=GENERATOR,
     probe=probe,
