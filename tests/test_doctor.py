@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers import run_python
 from tests.pipeline_helpers import cli
 
@@ -74,6 +76,8 @@ sys.meta_path.insert(0, CudaOnly())
 """
     result = run_python(DRIFT.format(alteration=alteration))
     state, evidence = result["findings"]["model KimiK25ForConditionalGeneration"]
+    if state == "absent":  # vLLM < 0.15 has no Kimi-K2.5 (the registry says so before any import)
+        pytest.skip(evidence)
     assert state == "unknown", (state, evidence)
     assert "does not import here" in evidence and "cudaLibrary_t" in evidence
     state, _ = result["findings"]["model DeepseekV3ForCausalLM"]
