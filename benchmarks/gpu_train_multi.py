@@ -47,10 +47,6 @@ ROOT = gpu_train.ROOT
 log = gpu_train.log
 
 
-def steps_logged(run_dir: Path) -> list[dict]:
-    return gpu_train.metrics(run_dir)
-
-
 class MemoryPoll:
     """Peak ``memory.used`` (MiB) per GPU while a run lasts, from nvidia-smi each second."""
 
@@ -118,15 +114,21 @@ def rank_pid(parent: int, rank: int) -> int | None:
     return None
 
 
+def new_run(args, verifier: Path, pool: Path, lengths: list[int], text: dict, layer_ids: list[int]) -> Path:
+    """A run folder of about ``--steps`` steps over all ranks (each step takes a batch per rank)."""
+    steps = args.steps * args.ranks
+    return gpu_train.kimi_run(args.work, verifier, pool, lengths, args.total_seq_len, steps,
+                              args.draft_vocab, text["vocab_size"], layer_ids)  # fmt: skip
+
+
 def scaling(args, verifier: Path, pool: Path, lengths: list[int], text: dict, layer_ids: list[int]) -> dict:
-    run_dir = gpu_train.kimi_run(args.work, verifier, pool, lengths, args.total_seq_len,
-                                 args.steps * args.ranks, args.draft_vocab, text["vocab_size"], layer_ids)  # fmt: skip
+    run_dir = new_run(args, verifier, pool, lengths, text, layer_ids)
     t0 = time.time()
     with MemoryPoll() as memory:
         proc = torchrun(args, run_dir, args.epochs)
         code = proc.wait()
     t_end = time.time()
-    steps = steps_logged(run_dir)
+    steps = gpu_train.metrics(run_dir)
     row = {"ranks": args.ranks, "total_seq_len": args.total_seq_len, "exit_code": code, "steps": len(steps)}
     if code != 0 or not steps:
         row["log_tail"] = sorted(run_dir.glob("torchrun-*.log"))[-1].read_text()[-3000:]
@@ -163,24 +165,23 @@ def scaling(args, verifier: Path, pool: Path, lengths: list[int], text: dict, la
 
 
 def resume(args, verifier: Path, pool: Path, lengths: list[int], text: dict, layer_ids: list[int]) -> dict:
-    run_dir = gpu_train.kimi_run(args.work, verifier, pool, lengths, args.total_seq_len,
-                                 args.steps * args.ranks, args.draft_vocab, text["vocab_size"], layer_ids)  # fmt: skip
+    run_dir = new_run(args, verifier, pool, lengths, text, layer_ids)
     proc = torchrun(args, run_dir, 2)
     killed = None
     while proc.poll() is None:
-        second = [m for m in steps_logged(run_dir) if m.get("epoch") == 1]
+        second = [m for m in gpu_train.metrics(run_dir) if m.get("epoch") == 1]
         if killed is None and len(second) >= args.kill_after:
             pid = rank_pid(proc.pid, args.kill_rank)
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
                 killed = {"rank": args.kill_rank, "pid": pid, "after_steps_of_epoch_1": len(second)}
         time.sleep(0.5)
-    first_launch = steps_logged(run_dir)
+    first_launch = gpu_train.metrics(run_dir)
     result = {"first_exit_code": proc.returncode, "killed": killed, "steps_logged_first": len(first_launch)}
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir()) if killed else []
     result["checkpoints_after_kill"] = checkpoints
     code = torchrun(args, run_dir, 2).wait()
-    again = steps_logged(run_dir)[len(first_launch) :]
+    again = gpu_train.metrics(run_dir)[len(first_launch) :]
     epoch0 = [m for m in first_launch if m.get("epoch") == 0]
     result.update(
         second_exit_code=code,
@@ -228,7 +229,8 @@ def main() -> None:
     n_layers = text["num_hidden_layers"]
     layer_ids = [2, n_layers // 2, n_layers - 3, n_layers - 1]
     log(
-        f"verifier hidden {text['hidden_size']}, vocab {text['vocab_size']}; {args.pool} samples, {sum(lengths)} tokens"
+        f"verifier hidden {text['hidden_size']}, vocab {text['vocab_size']}; "
+        f"{args.pool} samples, {sum(lengths)} tokens"
     )
     report["scaling"] = scaling(args, verifier, pool, lengths, text, layer_ids)
     log(json.dumps(report["scaling"]))
