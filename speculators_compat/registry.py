@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from packaging.specifiers import SpecifierSet
 
+from .releases import RELEASES, TESTED_TEXT
 from .versions import in_range
 
 log = logging.getLogger("speculators_compat")
@@ -35,9 +36,9 @@ ACTIVE_ENV = "SPECULATORS_COMPAT_ACTIVE"
 
 SUPPORTED_SPECULATORS = SpecifierSet("==0.3.*")
 SUPPORTED_VLLM = SpecifierSet(">=0.11")
-#: The vLLM releases the test matrix runs (tox.ini): 0.11 to 0.17, 0.22 and 0.32.
-TESTED_VLLM = (SpecifierSet(">=0.11,<0.18"), SpecifierSet("==0.22.*"), SpecifierSet("==0.32.*"))
-TESTED_VLLM_TEXT = "0.11-0.17, 0.22, 0.32"
+#: The vLLM releases the test matrix runs (:mod:`speculators_compat.releases`).
+TESTED_VLLM = tuple(SpecifierSet(f"=={release.minor}.*") for release in RELEASES)
+TESTED_VLLM_TEXT = TESTED_TEXT
 
 
 def is_tested(version) -> bool:

@@ -8,12 +8,24 @@ hand-written constraints, so a fresh machine resolves exactly these versions.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSIONS = ["0.11", "0.12", "0.13", "0.14", "0.15", "0.16", "0.17", "0.22", "0.32", "0.34"]
+
+
+def _releases():
+    """speculators_compat/releases.py, loaded by path (this tool runs without the package)."""
+    spec = importlib.util.spec_from_file_location("_releases", ROOT / "speculators_compat" / "releases.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.RELEASES
+
+
+VERSIONS = [release.minor for release in _releases()]
 
 
 def main() -> None:
