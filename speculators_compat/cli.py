@@ -27,9 +27,21 @@ def versions() -> None:
 
 
 @main.command()
-def status() -> None:
+@click.option(
+    "--markdown",
+    is_flag=True,
+    help="Print the shim table of docs/shims.md (what each shim patches, where, its symptom) and "
+    "apply nothing.",
+)
+def status(markdown: bool) -> None:
     """Apply the shims to the installed vLLM and speculators and print what each one did (exit 1
     if any failed)."""
+    if markdown:
+        from .registry import markdown_table
+        from .shims import SHIMS
+
+        click.echo(markdown_table(SHIMS), nl=False)
+        return
     from .registry import TESTED_VLLM_TEXT, apply_now
     from .versions import installed_versions
 

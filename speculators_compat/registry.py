@@ -76,6 +76,26 @@ class Shim:
     serving: bool = False
 
 
+#: How the shim table (docs/shims.md, ``speculators-compat status --markdown``) names a platform.
+PLATFORM_COLUMN = {"cpu": "training on a CPU", "vllm-cpu": "vLLM's CPU build"}
+
+
+def markdown_table(shims: list[Shim]) -> str:
+    """The shim table of the docs, from the records themselves (tests/test_docs.py compares)."""
+
+    def cell(text: str) -> str:
+        return " ".join(text.split()).replace("|", "\\|")
+
+    lines = ["| shim | vLLM | where | patches | symptom without it |", "| --- | --- | --- | --- | --- |"]
+    for shim in shims:
+        vllm = shim.vllm + (f"; transformers {shim.transformers}" if shim.transformers else "")
+        where = PLATFORM_COLUMN.get(shim.platform, "everywhere")
+        lines.append(
+            f"| `{shim.name}` | `{cell(vllm)}` | {where} | `{cell(shim.target)}` | {cell(shim.symptom)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 @dataclass
 class Status:
     shim: Shim
@@ -303,7 +323,7 @@ def failure_report(failures: list[Status]) -> str:
         lines.append(f"  {s.shim.name}: {s.reason}; without it: {s.shim.symptom}")
     names = ",".join(s.shim.name for s in failures)
     lines.append(
-        "`speculators-compat status` shows every shim. Install a tested vLLM (see README), or "
+        f"`speculators-compat status` shows every shim. Install a tested vLLM ({TESTED_VLLM_TEXT}), or "
         "report the failure; to run without these shims at your own risk (their symptom "
         f"returns), set {DISABLE_ENV}={names}."
     )

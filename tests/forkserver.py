@@ -53,7 +53,7 @@ PRELOAD = (
     "vllm.model_executor.models.deepseek_v2",
 )
 #: speculators 0.3.0 under transformers 5 imports only after speculators_compat's
-#: config_dtype_annotation shim (README): preloaded where transformers is older.
+#: config_dtype_annotation shim (docs/shims.md): preloaded where transformers is older.
 PRELOAD_SPECULATORS = (
     "speculators",
     "speculators.data_generation.vllm_hidden_states_generator",

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.serving
 SAMPLES, EPOCHS = 300, 2
 #: Position-0 acceptance the served demo draft must reach. Measured on vLLM 0.22 (CPU): 0.26-0.31
 #: after the demo's 2 epochs (16 and 64 prompts), 0.344 after 6; the random verifier bounds it
-#: (README, Serving).
+#: (docs/pipeline.md, Serving the draft).
 ACCEPTANCE_0 = 0.2
 #: vLLM's per-position acceptance against speculators' own draft forward replayed on the same
 #: windows: measured 0.305/0.111/0.103 against 0.285/0.113/0.101 (64 prompts), 0.262/0.105/0.096

@@ -97,7 +97,7 @@ def draft_compile_limits():
 def out_of_memory_advice(run: RunFolder, total_seq_len: int, exc: BaseException) -> str:
     """What to do when a training step does not fit the GPU: the batch (``--total-seq-len``
     tokens, packed) decides the activations; the allocator's fragmentation decides the last
-    tenth. Measured on one 80 GB H100, Kimi-K2.5-sized draft (README, Training on one GPU):
+    tenth. Measured on one 80 GB H100, Kimi-K2.5-sized draft (docs/performance.md, Training on one GPU):
     16,384 tokens fit, 20,480 only with expandable segments."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     saved = (
