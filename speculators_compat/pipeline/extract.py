@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import WorkerDied, WorkerError
+from ..shims.generator_dtype import chosen_dtype, extraction_dtype
 from .atomic import remove_partials, write_file, write_json
 from .errors import PipelineError
 from .layout import RunFolder
@@ -135,14 +136,13 @@ def extract(
             layer_ids[-1],
             info.num_layers - 1,
         )
-    if dtype:
-        os.environ["SPECULATORS_COMPAT_DTYPE"] = dtype
     prepared = datasets.load_from_disk(str(run.prepared))
     prepared.set_format(None)
     out = run.hidden_states
     out.mkdir(parents=True, exist_ok=True)
     have = existing_samples(out)  # (partly written files are not data_{i}.pt: the same after)
-    wanted = dtype or os.environ.get("SPECULATORS_COMPAT_DTYPE") or "auto"
+    with extraction_dtype(dtype):  # --dtype, else SPECULATORS_COMPAT_DTYPE, else vLLM's "auto"
+        wanted = chosen_dtype()
     _start_shard(run, shard, wanted, have)  # before any file is touched
     # A shard removes only its own samples' leftovers: another may be writing its files now.
     leftovers = remove_partials(
@@ -175,12 +175,13 @@ def extract(
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
         try:
-            generator = VllmHiddenStatesGenerator(
-                str(info.path),
-                layer_ids=layer_ids,
-                max_model_len=seq_length,
-                tensor_parallel_size=tensor_parallel_size,
-            )
+            with extraction_dtype(wanted):  # the shim generator_dtype reads it
+                generator = VllmHiddenStatesGenerator(
+                    str(info.path),
+                    layer_ids=layer_ids,
+                    max_model_len=seq_length,
+                    tensor_parallel_size=tensor_parallel_size,
+                )
         except (WorkerError, WorkerDied) as exc:  # a worker failed to start: its own error
             raise PipelineError(
                 f"{exc}\nvLLM did not start; the {len(have)} samples already on disk are kept."
@@ -227,7 +228,7 @@ def extract(
             describe_missing(run, missing),
         )
         return result
-    write_data_config(run, info, layer_ids, seq_length, len(prepared), tensor_parallel_size, dtype)
+    write_data_config(run, info, layer_ids, seq_length, len(prepared), tensor_parallel_size, wanted)
     run.mark_done("extract", **{k: v for k, v in vars(result).items() if k != "missing"})
     return result
 

@@ -1,18 +1,21 @@
-"""Let the caller choose the generator's dtype (``SPECULATORS_COMPAT_DTYPE``).
+"""Let the caller choose the generator's dtype (:func:`extraction_dtype`, ``SPECULATORS_COMPAT_DTYPE``).
 
 speculators 0.3.0 hard-codes ``ModelConfig(dtype="auto")``, and vLLM's "auto" runs a float32
 checkpoint in half precision (bfloat16 on CPU). That is right for production, but a float32
 reference comparison then differs by about 1e-2 instead of about 1e-6, and a user cannot ask
-for float32 extraction at all. With ``SPECULATORS_COMPAT_DTYPE=float32`` (or ``bfloat16``,
-``float16``) the shim passes that dtype instead; unset, nothing changes.
+for float32 extraction at all. Inside ``with extraction_dtype("float32"):`` (what ``extract
+--dtype`` and ``smoke`` use), or with ``SPECULATORS_COMPAT_DTYPE=float32`` exported (or
+``bfloat16``, ``float16``), the shim passes that dtype instead; otherwise nothing changes.
 
-Probe: speculators' ``_create_vllm_config`` hard-codes ``dtype="auto"``. (The variable is read
-at each call, so it may be set after import.)
+Probe: speculators' ``_create_vllm_config`` hard-codes ``dtype="auto"``. (The choice is read at
+each call, so it may be made after import.)
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..registry import Shim
 from ._targets import GENERATOR, module, rewrite_call
@@ -28,8 +31,30 @@ def probe() -> bool:
     return 'dtype="auto"' in source
 
 
+_chosen: list[str] = []
+
+
+@contextmanager
+def extraction_dtype(dtype: str | None) -> Iterator[None]:
+    """Generators created inside run in ``dtype`` (None: the exported variable, else "auto")."""
+    _chosen.append(dtype or "")
+    try:
+        yield
+    finally:
+        _chosen.pop()
+
+
+def chosen_dtype() -> str:
+    """The dtype a generator created now runs in: the innermost :func:`extraction_dtype`, else
+    ``SPECULATORS_COMPAT_DTYPE``, else vLLM's "auto"."""
+    inner = next((d for d in reversed(_chosen) if d), None)
+    return inner or os.environ.get(ENV) or "auto"
+
+
 def _choose_dtype(_args: tuple, kwargs: dict) -> None:
-    dtype = os.environ.get(ENV)
+    dtype = chosen_dtype()
+    if dtype == "auto":
+        dtype = None
     if dtype and kwargs.get("dtype", "auto") == "auto":
         kwargs["dtype"] = dtype
 
