@@ -37,7 +37,7 @@ def status(markdown: bool) -> None:
     """Apply the shims to the installed vLLM and speculators and print what each one did (exit 1
     if any failed)."""
     if markdown:
-        from .registry import markdown_table
+        from .shim import markdown_table
         from .shims import SHIMS
 
         click.echo(markdown_table(SHIMS), nl=False)

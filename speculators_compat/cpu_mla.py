@@ -28,6 +28,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import text_model
+
 log = logging.getLogger("speculators_compat")
 
 ENV = "VLLM_MLA_DISABLE"
@@ -57,8 +59,7 @@ def text_config(model: str | Path) -> dict:
         from transformers import AutoConfig
 
         raw = AutoConfig.from_pretrained(str(model), trust_remote_code=True).to_dict()
-    text = raw.get("text_config")
-    return text if isinstance(text, dict) else raw
+    return text_model.text_config(raw)
 
 
 def cpu_mla_backend():

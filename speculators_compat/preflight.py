@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .pipeline.errors import PipelineError
+from .text_model import is_wrapper, text_config
 
 log = logging.getLogger("speculators_compat.preflight")
 
@@ -83,13 +84,13 @@ def shrink(config: dict, source: str = "config.json") -> Shrunk:
     if not architectures:
         raise PipelineError(f"{source} has no 'architectures': preflight needs the model class to build.")
     arch = architectures[0]
-    wrapped = isinstance(config.get("text_config"), dict) and "num_hidden_layers" not in config
+    wrapped = is_wrapper(config)
     if wrapped and arch not in WRAPPERS:
         raise PipelineError(
             f"{source}: {arch} wraps its text model in text_config; preflight builds the wrappers "
             f"{sorted(WRAPPERS)} so far."
         )
-    text = copy.deepcopy(config["text_config"] if wrapped else config)
+    text = copy.deepcopy(text_config(config))
     result = Shrunk(recipe={})
     holders = [("config.json", config)] + ([("text_config", text)] if wrapped else [])
     for where, holder in holders:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from .text_model import WEIGHTS_PREFIX, is_wrapper, read_config, text_config
+
 __all__ = ["TOLERANCE", "ReferenceModel", "relative_error"]
 
 #: Largest relative error (see :func:`relative_error`) accepted between vLLM's layer outputs and
@@ -39,8 +41,8 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def is_multimodal_wrapper(model_dir: str | Path) -> bool:
-    """A checkpoint whose text model sits under a wrapper (``text_config`` in its config)."""
-    return "text_config" in json.loads((Path(model_dir) / "config.json").read_text())
+    """A checkpoint whose text model sits under a wrapper (:mod:`speculators_compat.text_model`)."""
+    return is_wrapper(read_config(model_dir))
 
 
 class ReferenceModel:
@@ -107,15 +109,15 @@ def _load_text_model_of_wrapper(model_dir: Path, raw: dict):
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    text = dict(raw["text_config"])
+    text = dict(text_config(raw))
     model_type = text.pop("model_type")
     # Kimi-K2's text model type is a DeepSeek-V3 under another name (remote code upstream).
     config = AutoConfig.for_model(_TEXT_MODEL_TYPES.get(model_type, model_type), **text)
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(model_dir.glob("*.safetensors")):
         for key, value in load_file(str(shard)).items():
-            if key.startswith("language_model."):
-                state[key.removeprefix("language_model.")] = value.float()
+            if key.startswith(WEIGHTS_PREFIX):
+                state[key.removeprefix(WEIGHTS_PREFIX)] = value.float()
     # Through from_pretrained, on a folder holding the text model alone: transformers converts the
     # checkpoint layout (one tensor per expert) to its own (transformers 5 fuses the experts).
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,7 +8,9 @@ it. Shims are applied when the module they patch is imported (a post-import hook
 range it was tested on; on a vLLM outside every tested range the probes still decide, and the
 status says the version is untested.
 
-The list itself lives in :mod:`speculators_compat.shims`.
+The record (:class:`~speculators_compat.shim.Shim`) and the patch helpers shim modules use live
+in :mod:`speculators_compat.shim`, the list in :mod:`speculators_compat.shims`; this module
+applies them.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from packaging.specifiers import SpecifierSet
 
 from .releases import RELEASES, TESTED_TEXT
+from .shim import Shim, Undo
+from .shims import BY_NAME, SHIMS
 from .versions import in_range
 
 log = logging.getLogger("speculators_compat")
@@ -44,56 +47,6 @@ TESTED_VLLM_TEXT = TESTED_TEXT
 def is_tested(version) -> bool:
     """``version`` is a vLLM release the test matrix runs."""
     return any(in_range(version, spec) for spec in TESTED_VLLM)
-
-
-Undo = Callable[[], None]
-
-
-@dataclass(frozen=True)
-class Shim:
-    name: str
-    #: What it patches: ``module:qualified.attribute`` (several separated by ", ").
-    target: str
-    #: vLLM versions on which the drift was seen (and the shim tested), a packaging specifier.
-    vllm: str
-    #: What a user sees without it: the exact error text, or the wrong result.
-    symptom: str
-    #: The module whose import triggers applying the shim.
-    hook_module: str
-    probe: Callable[[], bool]
-    patch: Callable[[], Undo]
-    speculators: str = "==0.3.*"
-    #: "cpu": only where torch has no CUDA device (speculators' training on a CPU);
-    #: "vllm-cpu": only with vLLM's CPU build (not a CUDA wheel, even on a machine without a GPU).
-    platform: str | None = None
-    #: Other shims whose patches this one builds on.
-    requires: tuple[str, ...] = field(default=())
-    #: transformers versions the drift needs too (None: any), a packaging specifier.
-    transformers: str | None = None
-    #: The drift breaks vLLM's own engine too (a bug of vLLM's build, outside speculators' path):
-    #: the engines that serve-check and ``prepare --regenerate`` start keep this shim, and only
-    #: the shims so marked.
-    serving: bool = False
-
-
-#: How the shim table (docs/shims.md, ``speculators-compat status --markdown``) names a platform.
-PLATFORM_COLUMN = {"cpu": "training on a CPU", "vllm-cpu": "vLLM's CPU build"}
-
-
-def markdown_table(shims: list[Shim]) -> str:
-    """The shim table of the docs, from the records themselves (tests/test_docs.py compares)."""
-
-    def cell(text: str) -> str:
-        return " ".join(text.split()).replace("|", "\\|")
-
-    lines = ["| shim | vLLM | where | patches | symptom without it |", "| --- | --- | --- | --- | --- |"]
-    for shim in shims:
-        vllm = shim.vllm + (f"; transformers {shim.transformers}" if shim.transformers else "")
-        where = PLATFORM_COLUMN.get(shim.platform, "everywhere")
-        lines.append(
-            f"| `{shim.name}` | `{cell(vllm)}` | {where} | `{cell(shim.target)}` | {cell(shim.symptom)} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -191,8 +144,6 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
             # in this process too, before this one builds on them.
             import importlib
 
-            from .shims import BY_NAME
-
             for name in shim.requires:
                 importlib.import_module(BY_NAME[name].hook_module)
         try:
@@ -213,7 +164,6 @@ def _set(shim: Shim, state: str, reason: str) -> Status:
 def activate() -> None:
     """Apply every shim now or as soon as its module is imported. Idempotent."""
     global _active, _hooks_registered
-    from .shims import SHIMS
 
     with _lock:
         _active = True
@@ -235,7 +185,6 @@ def activate() -> None:
 def deactivate() -> None:
     """Undo every applied shim (latest first) and stop applying new ones."""
     global _active
-    from .shims import SHIMS
 
     with _lock:
         _active = False
@@ -250,8 +199,6 @@ def deactivate() -> None:
 def apply_now() -> list[Status]:
     """Import every hooked module (importing vLLM and speculators) so that all shims resolve."""
     import importlib
-
-    from .shims import SHIMS
 
     activate()
     for shim in SHIMS:
@@ -299,7 +246,6 @@ def _absent_reason(hook_module: str, exc: ModuleNotFoundError) -> str:
 
 def status() -> list[Status]:
     """One record per shim, in registry order."""
-    from .shims import SHIMS
 
     with _lock:
         return [
@@ -328,42 +274,3 @@ def failure_report(failures: list[Status]) -> str:
         f"returns), set {DISABLE_ENV}={names}."
     )
     return "\n".join(lines)
-
-
-# -- helpers for shim modules -------------------------------------------------------------
-
-MARK = "__speculators_compat_shim__"
-
-
-def undo_all(undos: list[Undo]) -> Undo:
-    """One undo for several patches: undone in reverse order of applying."""
-
-    def undo() -> None:
-        for u in reversed(undos):
-            u()
-
-    return undo
-
-
-def replace_attr(owner: object, attr: str, new: object, shim: str) -> Undo:
-    """Set ``owner.attr = new`` and return the exact undo. ``new`` remembers the original."""
-    own = vars(owner) if hasattr(owner, "__dict__") else {}
-    had_own = attr in own
-    original = own[attr] if had_own else getattr(owner, attr, None)
-    if getattr(original, MARK, None) == shim:
-        return lambda: None  # already patched by this shim (e.g. inherited through fork)
-    try:
-        setattr(new, MARK, shim)
-        if original is not None:
-            new.__wrapped__ = original
-    except (AttributeError, TypeError):
-        pass
-    setattr(owner, attr, new)
-
-    def undo() -> None:
-        if had_own:
-            setattr(owner, attr, original)
-        else:
-            delattr(owner, attr)  # it was inherited (or absent): lookups fall through again
-
-    return undo

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from speculators_compat.registry import markdown_table
+from speculators_compat.shim import markdown_table
 from speculators_compat.shims import SHIMS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -73,7 +73,8 @@ print(json.dumps({{"here": ours(), "engine": engine, "marked": sorted(set(marked
 
 
 def test_a_plain_vllm_process_loads_nothing_of_ours(built):
-    from speculators_compat.registry import ACTIVE_ENV, MARK
+    from speculators_compat.registry import ACTIVE_ENV
+    from speculators_compat.shim import MARK
     from speculators_compat.shims.cpu_attention_block_size import cpu_block_size
 
     code = _PLAIN.format(path=str(built("llama-tiny")), block=cpu_block_size(), mark=MARK)

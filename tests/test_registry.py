@@ -54,7 +54,7 @@ def _snapshot(owners: dict[str, object]) -> dict[tuple[str, str], object]:
 
 def _marks(value) -> list[str]:
     """The shims that wrapped ``value``, outermost first (its ``__wrapped__`` chain)."""
-    from speculators_compat.registry import MARK
+    from speculators_compat.shim import MARK
 
     marks, seen = [], set()
     while value is not None and id(value) not in seen:

@@ -18,7 +18,7 @@ BLOCK = re.compile(r"(<!-- shim table: [^\n]*-->\n)(.*?)(<!-- end shim table -->
 
 def rendered(text: str) -> str:
     os.environ.setdefault("SPECULATORS_COMPAT_AUTO", "0")  # read the records, apply nothing
-    from speculators_compat.registry import markdown_table
+    from speculators_compat.shim import markdown_table
     from speculators_compat.shims import SHIMS
 
     if not BLOCK.search(text):

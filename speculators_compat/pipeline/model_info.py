@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..text_model import is_wrapper, text_config
 from .errors import PipelineError
 
 
@@ -62,9 +63,8 @@ def inspect_model(path: str | Path) -> ModelInfo:
         raise PipelineError(f"cannot read {config_file}: {exc}. Fix or re-download the file.") from None
     if not isinstance(raw, dict):
         raise PipelineError(f"{config_file} is not a JSON object; re-download the checkpoint.")
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else None
-    wrapper = text is not None and "num_hidden_layers" not in raw
-    source = text if wrapper else raw
+    wrapper = is_wrapper(raw)
+    source = text_config(raw)
     missing = [
         k for k in ("num_hidden_layers", "hidden_size", "vocab_size") if not isinstance(source.get(k), int)
     ]

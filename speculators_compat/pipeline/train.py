@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..text_model import text_config
 from .errors import PipelineError
 from .extract import require_all_samples, sample_index
 from .layout import RunFolder
@@ -124,7 +125,7 @@ def transformer_layer_config(info: ModelInfo, num_layers: int):
     from transformers import AutoConfig, LlamaConfig
 
     verifier = AutoConfig.from_pretrained(str(info.path), trust_remote_code=True)
-    verifier = getattr(verifier, "text_config", None) or verifier
+    verifier = text_config(verifier)
     heads = verifier.num_attention_heads
     config = LlamaConfig(
         vocab_size=verifier.vocab_size,

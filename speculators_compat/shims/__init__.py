@@ -1,15 +1,15 @@
-"""The registry: every shim, in the order it is applied. One module per vLLM change point.
+"""Every shim, in the order it is applied. One module per vLLM change point.
 
 The table of what each shim patches, where, and the symptom it fixes is generated from the
 records: docs/shims.md (``speculators-compat status --markdown``).
 
-Each module defines ``SHIM`` (a :class:`~speculators_compat.registry.Shim`); its test lives in
+Each module defines ``SHIM`` (a :class:`~speculators_compat.shim.Shim`); its test lives in
 ``tests/shims/test_<name>.py``.
 """
 
 from __future__ import annotations
 
-from ..registry import Shim
+from ..shim import Shim
 from . import (
     cache_config_prefix_caching,
     checkpointer_cpu,

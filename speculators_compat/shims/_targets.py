@@ -50,7 +50,7 @@ def inherited(cls, name: str):
 def rewrite_call(attr: str, shim: str, rewrite: Callable[[tuple, dict], None]):
     """Bind the generator module's ``attr`` to a callable that lets ``rewrite(args, kwargs)``
     adjust the keyword arguments of each call, then calls the original. Returns the undo."""
-    from ..registry import replace_attr
+    from ..shim import replace_attr
 
     gen = module(GENERATOR)
     original = getattr(gen, attr)

@@ -13,7 +13,7 @@ Probe: a default ``CacheConfig`` turns prefix caching on (vLLM >= 0.12: ``True``
 
 from __future__ import annotations
 
-from ..registry import Shim
+from ..shim import Shim
 from ._targets import GENERATOR, module, rewrite_call
 
 NAME = "cache_config_prefix_caching"

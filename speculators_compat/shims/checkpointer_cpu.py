@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import types
 
-from ..registry import Shim, replace_attr, undo_all
+from ..shim import Shim, replace_attr, undo_all
 from ._targets import CHECKPOINTER, module
 
 NAME = "checkpointer_cpu"

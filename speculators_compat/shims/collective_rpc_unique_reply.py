@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import GENERATOR, WORKER, compat_executor_class, inherited, module
 
 NAME = "collective_rpc_unique_reply"

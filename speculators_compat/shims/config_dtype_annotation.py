@@ -12,7 +12,7 @@ Hooked on transformers, so ``import speculators_compat`` must come before ``impo
 
 from __future__ import annotations
 
-from ..registry import Shim
+from ..shim import Shim
 from ._targets import module
 
 NAME = "config_dtype_annotation"

@@ -12,7 +12,7 @@ Probe: the CPU attention backend declares its kernel block sizes and 16 is not a
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import GENERATOR, module
 
 NAME = "cpu_attention_block_size"

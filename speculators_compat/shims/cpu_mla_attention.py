@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 
 from .. import cpu_mla
-from ..registry import Shim, undo_all
+from ..shim import Shim, undo_all
 from ._targets import GENERATOR, rewrite_call
 
 NAME = "cpu_mla_attention"

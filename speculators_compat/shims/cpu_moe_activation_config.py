@@ -12,7 +12,7 @@ Probe: the lazy dict exists and builds CustomOp classes on first use.
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 
 NAME = "cpu_moe_activation_config"
 MODULE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"

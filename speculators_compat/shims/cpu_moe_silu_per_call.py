@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 
 NAME = "cpu_moe_silu_per_call"
 MODULE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"

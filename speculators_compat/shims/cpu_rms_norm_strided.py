@@ -11,7 +11,7 @@ Probe: normalise a strided view with the CPU path and with ``forward_native``; t
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 
 NAME = "cpu_rms_norm_strided"
 MODULE = "vllm.model_executor.layers.layernorm"

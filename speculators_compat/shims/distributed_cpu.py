@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import os
 
-from ..registry import Shim, replace_attr, undo_all
+from ..shim import Shim, replace_attr, undo_all
 from ._targets import TRAIN_UTILS, inherited, module
 
 NAME = "distributed_cpu"

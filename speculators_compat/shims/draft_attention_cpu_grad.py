@@ -16,7 +16,7 @@ input that requires grad with that NotImplementedError.
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import module
 
 NAME = "draft_attention_cpu_grad"

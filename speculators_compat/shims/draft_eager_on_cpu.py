@@ -11,7 +11,7 @@ Probe: CUDA is not available and the forward is a ``torch.compile`` wrapper.
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import DRAFT, module
 
 NAME = "draft_eager_on_cpu"

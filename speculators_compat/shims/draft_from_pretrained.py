@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import DRAFT, accepts, inherited, module
 
 NAME = "draft_from_pretrained"

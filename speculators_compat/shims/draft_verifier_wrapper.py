@@ -21,7 +21,8 @@ import inspect
 import json
 from pathlib import Path
 
-from ..registry import Shim, replace_attr, undo_all
+from ..shim import Shim, replace_attr, undo_all
+from ..text_model import text_config
 from ._targets import DRAFT, module
 
 NAME = "draft_verifier_wrapper"
@@ -57,14 +58,6 @@ def wrapper_prefix(names: list[str], wanted: str = "model.embed_tokens.weight") 
         if name.endswith("." + wanted):
             return name[: -len(wanted)]
     return ""
-
-
-def text_config(config):
-    """The text model's config: ``config`` itself, or a wrapper's ``text_config``."""
-    inner = getattr(config, "text_config", None)
-    if inner is not None and getattr(config, "hidden_size", None) is None:
-        return inner
-    return config
 
 
 class _VerifierConfigLoader:

@@ -12,7 +12,7 @@ Probe: ``MultiprocExecutor`` has a ``sample_tokens`` method.
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import GENERATOR, compat_executor_class, inherited, module
 
 NAME = "executor_sample_tokens"

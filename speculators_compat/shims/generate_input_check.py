@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import GENERATOR, module
 
 NAME = "generate_input_check"

@@ -18,7 +18,7 @@ import os
 import types
 
 from .. import cpu_kv_cache
-from ..registry import Shim, replace_attr, undo_all
+from ..shim import Shim, replace_attr, undo_all
 from ._targets import GENERATOR, module, rewrite_call
 
 NAME = "generator_cpu_memory"

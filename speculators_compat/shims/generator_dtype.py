@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..registry import Shim
+from ..shim import Shim
 from ._targets import GENERATOR, module, rewrite_call
 
 NAME = "generator_dtype"

@@ -9,7 +9,7 @@ generator module's ``MultiprocExecutor`` name to an empty subclass that those sh
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import GENERATOR, module
 
 NAME = "generator_executor"

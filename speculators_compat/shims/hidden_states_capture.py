@@ -22,7 +22,7 @@ DeepSeek-V2's vLLM class fails speculators' ``supports_eagle3`` gate (0.11).
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr, undo_all
+from ..shim import Shim, replace_attr, undo_all
 from ._targets import WORKER, module
 
 NAME = "hidden_states_capture"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 import types
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import module
 
 NAME = "kernel_rebind_scan"

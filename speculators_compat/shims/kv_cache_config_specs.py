@@ -5,7 +5,7 @@ Probe: the function does not accept ``kv_cache_specs``. The shim drops the argum
 
 from __future__ import annotations
 
-from ..registry import Shim
+from ..shim import Shim
 from ._targets import GENERATOR, accepts, module, rewrite_call
 
 NAME = "kv_cache_config_specs"

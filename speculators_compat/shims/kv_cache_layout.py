@@ -13,7 +13,7 @@ executor has ``set_kv_cache_layout``.
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import GENERATOR, compat_executor_class, module
 
 NAME = "kv_cache_layout"

@@ -14,7 +14,7 @@ that it reports the move instead of the shim's names.
 
 from __future__ import annotations
 
-from ..registry import Shim
+from ..shim import Shim
 from ._targets import module
 
 NAME = "kv_cache_utils_moved"

@@ -12,7 +12,7 @@ Probe: ``ModelConfig`` takes ``limit_mm_per_prompt``.
 
 from __future__ import annotations
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import GENERATOR, accepts, module
 
 NAME = "multimodal_text_only"

@@ -8,7 +8,7 @@ so this changes no hidden state; it keeps the request what speculators meant).
 
 from __future__ import annotations
 
-from ..registry import Shim
+from ..shim import Shim
 from ._targets import GENERATOR, accepts, module, rewrite_call
 
 NAME = "request_eos_token_id"

@@ -6,7 +6,7 @@ the cache config's block size, as vLLM's engine core does.
 
 from __future__ import annotations
 
-from ..registry import Shim
+from ..shim import Shim
 from ._targets import GENERATOR, module, requires, rewrite_call
 
 NAME = "scheduler_block_size"

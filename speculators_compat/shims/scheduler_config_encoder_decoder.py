@@ -10,7 +10,7 @@ Probe: ``is_encoder_decoder`` is a parameter of ``SchedulerConfig`` without a de
 
 from __future__ import annotations
 
-from ..registry import Shim
+from ..shim import Shim
 from ._targets import GENERATOR, module, requires, rewrite_call
 
 NAME = "scheduler_config_encoder_decoder"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 import logging
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import GENERATOR, module
 
 NAME = "token_attribution"

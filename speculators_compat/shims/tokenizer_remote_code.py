@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import re
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import GENERATOR, module
 
 NAME = "tokenizer_remote_code"

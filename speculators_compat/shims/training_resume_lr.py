@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import module
 
 NAME = "training_resume_lr"

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import inspect
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
+from ..text_model import text_config
 from ._targets import DRAFT, inherited, module
 
 NAME = "training_target_final_norm"
@@ -62,7 +63,7 @@ def patch():
                 f"the shim (SPECULATORS_COMPAT_DISABLE={NAME}) to train on the un-normalised states."
             )
         verifier = draft.AutoConfig.from_pretrained(path)
-        verifier = getattr(verifier, "text_config", None) or verifier
+        verifier = text_config(verifier)
         head = self.verifier_lm_head
         head.register_buffer(BUFFER, weights["model.norm.weight"].to(head.weight.dtype), persistent=False)
         head._compat_verifier_norm_eps = float(verifier.rms_norm_eps)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import GENERATOR, module, raising_instead
 
 NAME = "worker_died"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..registry import Shim, replace_attr
+from ..shim import Shim, replace_attr
 from ._targets import WORKER
 
 NAME = "worker_error_details"

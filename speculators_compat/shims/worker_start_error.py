@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..registry import Shim, replace_attr, undo_all
+from ..shim import Shim, replace_attr, undo_all
 from ._targets import raising_instead
 
 NAME = "worker_start_error"

@@ -20,8 +20,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from . import chat
-from .tokenizer import STYLES, build_tokenizer
+from . import kimi
+from .parts import make_tokenizer, model_config, random_model, save_generation_config
 
 __all__ = [
     "BUILDER_VERSION",
@@ -170,73 +170,17 @@ def _materialise(recipe: dict, dtype: str, out: Path) -> None:
     if kind == "causal-lm":
         _build_causal_lm(recipe, dtype, out)
     elif kind == "kimi-k25":
-        from .kimi import build_kimi_k25
-
-        build_kimi_k25(recipe, _base(recipe), dtype, out)
+        kimi.build_kimi_k25(recipe, _base(recipe), dtype, out)
     else:
         raise ValueError(f"recipe {recipe['name']!r}: unknown kind {kind!r}")
     (out / "recipe.json").write_text(json.dumps(_resolved(recipe), indent=2, sort_keys=True) + "\n")
-
-
-def make_tokenizer(recipe: dict):
-    spec = recipe["tokenizer"]
-    corpus = chat.corpus_text(chat.make_conversations())
-    return build_tokenizer(corpus, vocab_size=spec["vocab_size"], style=spec["style"])
-
-
-def text_config(recipe: dict, tokenizer, dtype: str):
-    """The transformers config of a causal-LM recipe, with vocab and special ids from the tokenizer."""
-    from transformers import AutoConfig
-
-    cfg = dict(recipe["config"])
-    model_type = cfg.pop("model_type")
-    style = STYLES[recipe["tokenizer"]["style"]]
-    vocab = -(-len(tokenizer) // 64) * 64  # round up, as real checkpoints pad their vocab
-    return AutoConfig.for_model(
-        model_type,
-        architectures=[recipe["architecture"]],
-        vocab_size=vocab,
-        bos_token_id=tokenizer.convert_tokens_to_ids(style["bos"]),
-        eos_token_id=tokenizer.convert_tokens_to_ids(style["eos_for_generation"]),
-        pad_token_id=tokenizer.convert_tokens_to_ids(style["pad"]),
-        dtype=dtype,
-        **cfg,
-    )
-
-
-def random_model(config, seed: int):
-    """A transformers model with seeded random weights, in float32."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    # Some init schemes leave biases/buffers at zero (e.g. DeepSeek's routing correction bias):
-    # give those a small seeded random value too, so the code paths using them are exercised.
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for pname, p in [*model.named_parameters(), *model.named_buffers()]:
-            if pname.endswith("e_score_correction_bias"):
-                p.copy_(torch.rand(p.shape, generator=gen) * 0.01)
-    return model.eval()
-
-
-def save_generation_config(config, out: Path) -> None:
-    from transformers import GenerationConfig
-
-    GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-        do_sample=False,
-    ).save_pretrained(str(out))
 
 
 def _build_causal_lm(recipe: dict, dtype: str, out: Path) -> None:
     import torch
 
     tokenizer = make_tokenizer(recipe)
-    config = text_config(recipe, tokenizer, dtype)
+    config = model_config(recipe, tokenizer, dtype)
     model = random_model(config, recipe.get("seed", 0))
     model.to(getattr(torch, dtype))
     model.save_pretrained(str(out), safe_serialization=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .parts import make_tokenizer, model_config, random_model, save_generation_config
+
 # Remote-code config classes written next to the weights, as Kimi-K2.5 ships its own
 # (`auto_map` in config.json). Written for this fixture; they only hold the two sub-configs.
 _CONFIGURATION_PY = '''"""Config of the tiny Kimi-K2.5-shaped fixture (remote code, loaded via auto_map)."""
@@ -116,11 +118,9 @@ def build_kimi_k25(recipe: dict, base: dict, dtype: str, out: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from . import make_tokenizer, random_model, save_generation_config, text_config
-
     wrapper = recipe["wrapper"]
     tokenizer = make_tokenizer(base)
-    text = text_config(base, tokenizer, dtype)
+    text = model_config(base, tokenizer, dtype)
     model = random_model(text, recipe.get("seed", 0))
     model.to(getattr(torch, dtype))
     # The text model's weights as save_pretrained writes them: the checkpoint layout (one tensor

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-from speculators_compat.registry import MARK
+from speculators_compat.shim import MARK
 from speculators_compat.shims._targets import GENERATOR, module
 from speculators_compat.shims.generator_executor import SHIM
 

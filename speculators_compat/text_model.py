@@ -1,0 +1,41 @@
+"""Where a checkpoint's text model is: the one rule for multimodal wrappers.
+
+A wrapper (Kimi-K2.5's ``KimiK25ForConditionalGeneration``) holds its language model's config in
+``text_config`` and has no decoder sizes of its own; its weights sit under ``language_model.``.
+A config that has both ``text_config`` and top-level decoder sizes is read at the top level,
+everywhere: extraction, the transformers oracle, preflight, the draft's verifier and training
+size the same model.
+
+Works on ``config.json`` read as a dict and on transformers config objects alike.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+#: Where a wrapper's text-model weights sit in its checkpoint.
+WEIGHTS_PREFIX = "language_model."
+
+
+def _get(config: Any, key: str) -> Any:
+    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+
+def is_wrapper(config: Any) -> bool:
+    """``config`` (a dict or a transformers config) wraps its text model in ``text_config``."""
+    inner = _get(config, "text_config")
+    if inner is None or (isinstance(config, dict) and not isinstance(inner, dict)):
+        return False
+    return _get(config, "num_hidden_layers") is None
+
+
+def text_config(config: Any) -> Any:
+    """The text model's config: a wrapper's ``text_config``, else ``config`` itself."""
+    return _get(config, "text_config") if is_wrapper(config) else config
+
+
+def read_config(model_dir: str | Path) -> dict:
+    """A checkpoint folder's ``config.json`` as a dict."""
+    return json.loads((Path(model_dir) / "config.json").read_text())

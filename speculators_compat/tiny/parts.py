@@ -1,0 +1,64 @@
+"""What every fixture builder uses: the tokenizer, the model config, seeded weights, the
+generation config (``tiny/__init__.py`` builds causal LMs with them, ``tiny/kimi.py`` the
+Kimi-K2.5 wrapper)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import chat
+from .tokenizer import STYLES, build_tokenizer
+
+
+def make_tokenizer(recipe: dict):
+    spec = recipe["tokenizer"]
+    corpus = chat.corpus_text(chat.make_conversations())
+    return build_tokenizer(corpus, vocab_size=spec["vocab_size"], style=spec["style"])
+
+
+def model_config(recipe: dict, tokenizer, dtype: str):
+    """The transformers config of a causal-LM recipe, with vocab and special ids from the tokenizer."""
+    from transformers import AutoConfig
+
+    cfg = dict(recipe["config"])
+    model_type = cfg.pop("model_type")
+    style = STYLES[recipe["tokenizer"]["style"]]
+    vocab = -(-len(tokenizer) // 64) * 64  # round up, as real checkpoints pad their vocab
+    return AutoConfig.for_model(
+        model_type,
+        architectures=[recipe["architecture"]],
+        vocab_size=vocab,
+        bos_token_id=tokenizer.convert_tokens_to_ids(style["bos"]),
+        eos_token_id=tokenizer.convert_tokens_to_ids(style["eos_for_generation"]),
+        pad_token_id=tokenizer.convert_tokens_to_ids(style["pad"]),
+        dtype=dtype,
+        **cfg,
+    )
+
+
+def random_model(config, seed: int):
+    """A transformers model with seeded random weights, in float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Some init schemes leave biases/buffers at zero (e.g. DeepSeek's routing correction bias):
+    # give those a small seeded random value too, so the code paths using them are exercised.
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for pname, p in [*model.named_parameters(), *model.named_buffers()]:
+            if pname.endswith("e_score_correction_bias"):
+                p.copy_(torch.rand(p.shape, generator=gen) * 0.01)
+    return model.eval()
+
+
+def save_generation_config(config, out: Path) -> None:
+    from transformers import GenerationConfig
+
+    GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        do_sample=False,
+    ).save_pretrained(str(out))
