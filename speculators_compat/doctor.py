@@ -111,47 +111,41 @@ def call_drift(path: str, given: tuple[str, ...]) -> Callable[[], str | None]:
 
 def exists(path: str) -> Callable[[], str | None]:
     def check() -> str | None:
-        from .shims.kv_cache_utils_moved import provided
+        from .shim import provided_by
 
         try:
             resolve(path)
         except (ImportError, AttributeError) as exc:
             return f"{path} is gone: {type(exc).__name__}: {exc}"
         module_name, _, attr = path.partition(":")
-        if "." not in attr and provided(module_name, attr):
-            return f"{path} is gone (moved to vllm.v1.core.kv_cache_planning; the name is the shim's)"
+        shim = provided_by(module_name, attr) if "." not in attr else None
+        if shim:
+            return f"{path} is gone from vLLM (the name is there because the shim {shim} put it there)"
         return None
 
     return check
 
 
-def _prefix_caching_default() -> str | None:
-    from vllm.config import CacheConfig
+def shim_probe(name: str, evidence: str) -> Callable[[], str | None]:
+    """The drift as the shim's own probe found it on vLLM's unpatched objects when the shims
+    were applied (``diagnose`` applies them first); a disabled shim's probe runs now, as nothing
+    of it is patched."""
 
-    value = CacheConfig(block_size=16, gpu_memory_utilization=0.8).enable_prefix_caching
-    return f"CacheConfig(...).enable_prefix_caching defaults to {value}" if value else None
+    def check() -> str | None:
+        from .registry import status
+        from .shims import BY_NAME
 
+        found = next(s for s in status() if s.shim.name == name)
+        drift = found.drift
+        if drift is None and found.state == "disabled":
+            drift = BY_NAME[name].probe()
+        if drift is None:
+            if found.state == "failed":  # its probe raised: a check that cannot run is drift too
+                return f"shim {name}: {found.reason}"
+            raise Absent(f"shim {name} {found.state}: {found.reason}")
+        return evidence if drift else None
 
-def _execute_model_convention() -> str | None:
-    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
-
-    if hasattr(MultiprocExecutor, "sample_tokens"):
-        return (
-            "execute_model returns None and sample_tokens() must follow "
-            "(speculators calls execute_model only)"
-        )
-    return None
-
-
-def _unique_reply_convention() -> str | None:
-    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
-
-    source = inspect.getsource(MultiprocExecutor.collective_rpc)
-    if "responses[0]" in source:
-        return (
-            "collective_rpc(unique_reply_rank=...) returns the one reply, not a list (speculators reads [0])"
-        )
-    return None
+    return check
 
 
 MODEL_MODULES = {
@@ -267,7 +261,7 @@ GEN_CALLS = [
     Point(
         "CacheConfig prefix caching",
         "every prompt token computed (capture needs them all)",
-        _prefix_caching_default,
+        shim_probe("cache_config_prefix_caching", "CacheConfig(...).enable_prefix_caching defaults to True"),
         ("cache_config_prefix_caching",),
     ),
     Point(
@@ -403,13 +397,20 @@ GEN_CALLS = [
     Point(
         "collective_rpc reply",
         "collective_rpc(..., unique_reply_rank=0)[0]",
-        _unique_reply_convention,
+        shim_probe(
+            "collective_rpc_unique_reply",
+            "collective_rpc(unique_reply_rank=...) returns the one reply, not a list (speculators reads [0])",
+        ),
         ("collective_rpc_unique_reply",),
     ),
     Point(
         "execute_model convention",
         "execute_model(scheduler_output) -> ModelRunnerOutput",
-        _execute_model_convention,
+        shim_probe(
+            "executor_sample_tokens",
+            "execute_model returns None and sample_tokens() must follow "
+            "(speculators calls execute_model only)",
+        ),
         ("executor_sample_tokens",),
     ),
     Point(
@@ -472,8 +473,27 @@ IMPORTS = [
 
 
 def points() -> list[Point]:
+    """The API points of speculators 0.3.0 and the shims (the drift map's rows)."""
     models = [p for arch in MODEL_MODULES for p in _model_points(arch)]
     return IMPORTS + GEN_CALLS + WORKER_CALLS + models
+
+
+def shim_points(named: list[Point]) -> list[Point]:
+    """One point per shim that no API point names: its own probe, so that every drift a shim
+    fixes shows in ``doctor``."""
+    from .shims import SHIMS
+
+    covered = {name for point in named for name in point.shims}
+    return [
+        Point(
+            f"shim {shim.name}",
+            shim.target,
+            shim_probe(shim.name, f"its probe found the drift; without it: {shim.symptom}"),
+            (shim.name,),
+        )
+        for shim in SHIMS
+        if shim.name not in covered
+    ]
 
 
 def diagnose() -> list[Finding]:
@@ -485,7 +505,8 @@ def diagnose() -> list[Finding]:
 
     applied = {s.shim.name for s in apply_now() if s.state == "applied"}
     findings = []
-    for point in points():
+    api = points()
+    for point in api + shim_points(api):
         try:
             evidence = point.check()
         except Absent as exc:

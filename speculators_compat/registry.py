@@ -54,6 +54,9 @@ class Status:
     shim: Shim
     state: str  # applied | not needed | disabled | pending | skipped | failed
     reason: str
+    #: What the shim's probe found on vLLM's own (unpatched) objects: True (the drift), False,
+    #: None (it did not run: disabled, another platform, a module that is not there, it raised).
+    drift: bool | None = None
 
 
 _lock = threading.RLock()
@@ -138,7 +141,7 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
             log.error("shim %s: its probe failed:\n%s", shim.name, traceback.format_exc())
             return _set(shim, "failed", f"probe raised {type(exc).__name__}: {exc}")
         if not needed:
-            return _set(shim, "not needed", f"probe found no drift {on}{untested}")
+            return _set(shim, "not needed", f"probe found no drift {on}{untested}", drift=False)
         if shim.requires:
             # Import what the required shims hook on, so that they are applied (and reported)
             # in this process too, before this one builds on them.
@@ -150,13 +153,13 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
             _undo[shim.name] = shim.patch()
         except Exception as exc:
             log.error("shim %s failed to apply:\n%s", shim.name, traceback.format_exc())
-            return _set(shim, "failed", f"patch raised {type(exc).__name__}: {exc}")
+            return _set(shim, "failed", f"patch raised {type(exc).__name__}: {exc}", drift=True)
         log.debug("applied shim %s", shim.name)
-        return _set(shim, "applied", f"probe found the drift {on}{untested}")
+        return _set(shim, "applied", f"probe found the drift {on}{untested}", drift=True)
 
 
-def _set(shim: Shim, state: str, reason: str) -> Status:
-    status = Status(shim, state, reason)
+def _set(shim: Shim, state: str, reason: str, drift: bool | None = None) -> Status:
+    status = Status(shim, state, reason, drift)
     _status[shim.name] = status
     return status
 

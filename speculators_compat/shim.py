@@ -62,6 +62,8 @@ def markdown_table(shims: list[Shim]) -> str:
 
 
 MARK = "__speculators_compat_shim__"
+#: On a module: {name: shim} for the names a shim added to it (see :func:`add_names`).
+PROVIDED = "__speculators_compat_provided__"
 
 
 def undo_all(undos: list[Undo]) -> Undo:
@@ -96,3 +98,30 @@ def replace_attr(owner: object, attr: str, new: object, shim: str) -> Undo:
             delattr(owner, attr)  # it was inherited (or absent): lookups fall through again
 
     return undo
+
+
+def add_names(module: object, values: dict[str, object], shim: str) -> Undo:
+    """Give ``module`` the names it lacks (a name vLLM moved elsewhere), recorded as the shim's
+    so that ``doctor`` reports the move instead of the shim's name; undo removes them."""
+    added = {name: value for name, value in values.items() if not hasattr(module, name)}
+    for name, value in added.items():
+        setattr(module, name, value)
+    record = vars(module).setdefault(PROVIDED, {})
+    record.update(dict.fromkeys(added, shim))
+
+    def undo() -> None:
+        for name in added:
+            vars(module).pop(name, None)
+            record.pop(name, None)
+        if not record:
+            vars(module).pop(PROVIDED, None)
+
+    return undo
+
+
+def provided_by(module_name: str, name: str) -> str | None:
+    """The shim that put ``name`` on the (imported) module ``module_name``, if one did."""
+    import sys
+
+    module = sys.modules.get(module_name)
+    return getattr(module, PROVIDED, {}).get(name) if module is not None else None

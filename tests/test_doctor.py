@@ -82,3 +82,25 @@ sys.meta_path.insert(0, CudaOnly())
     assert "does not import here" in evidence and "cudaLibrary_t" in evidence
     state, _ = result["findings"]["model DeepseekV3ForCausalLM"]
     assert state == "matches"
+
+
+def test_every_shim_shows_in_doctor_and_a_disabled_ones_drift_is_uncovered():
+    """Every shim is named by a point (an API point, or its own probe's), so a drift a shim fixes
+    never goes unseen; with a shim disabled, its drift is UNCOVERED (its probe runs on vLLM's own
+    objects: nothing of it is patched) and doctor exits 1."""
+    from speculators_compat.shims import SHIMS
+
+    code = DRIFT.format(alteration="").replace(
+        "findings = {", "named = sorted({s for f in diagnose() for s in f.point.shims})\nfindings = {"
+    )
+    code = code.replace('"code": code})', '"code": code, "named": named})')
+    result = run_python(
+        code, env={"SPECULATORS_COMPAT_DISABLE": "worker_error_details,executor_sample_tokens"}
+    )
+    assert result["named"] == sorted(shim.name for shim in SHIMS)
+    state, evidence = result["findings"]["shim worker_error_details"]
+    assert state == "UNCOVERED" and "Worker failed with error ''" in evidence
+    state, evidence = result["findings"]["execute_model convention"]
+    assert state == "UNCOVERED" and "sample_tokens() must follow" in evidence
+    assert result["findings"]["collective_rpc reply"][0] in ("shimmed", "matches")
+    assert result["code"] == 1

@@ -76,6 +76,7 @@ def test_the_map_is_not_older_than_the_matrix_nor_doctor():
     assert newest_row >= newest_matrix, f"run tools/radar.py: the map stops at {newest_row}"
     data = json.loads(DATA.read_text())
     newest = data["rows"][str(newest_row)]
-    assert [p["point"] for p in newest["points"]] == [p.name for p in points()], (
+    api = [p["point"] for p in newest["points"] if not p["point"].startswith("shim ")]
+    assert api == [p.name for p in points()], (
         "doctor's points changed since the map was made: run tools/radar.py"
     )

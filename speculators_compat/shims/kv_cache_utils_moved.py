@@ -8,13 +8,13 @@ shim hooked on the generator can run.
 Probe: ``kv_cache_utils`` lacks one of the names and ``kv_cache_planning`` has all three. The shim
 makes ``kv_cache_utils`` name them again (the same functions; the calls' own drift is
 ``kv_cache_config_specs``'s), as soon as ``kv_cache_utils`` is imported, which vLLM does before
-speculators' import line runs. Undo removes the names again. ``doctor`` asks :func:`provided` so
-that it reports the move instead of the shim's names.
+speculators' import line runs. Undo removes the names again. The names are recorded as the
+shim's (:func:`speculators_compat.shim.add_names`), so ``doctor`` reports the move instead of them.
 """
 
 from __future__ import annotations
 
-from ..shim import Shim
+from ..shim import Shim, add_names
 from ._targets import module
 
 NAME = "kv_cache_utils_moved"
@@ -25,15 +25,6 @@ NAMES = (
     "get_kv_cache_config_from_groups",
     "unify_hybrid_kv_cache_specs",
 )
-_MARK = "__speculators_compat_provided__"
-
-
-def provided(module_name: str, name: str) -> bool:
-    """``module_name.name`` exists only because this shim put it there."""
-    import sys
-
-    mod = sys.modules.get(module_name)
-    return mod is not None and name in getattr(mod, _MARK, ())
 
 
 def probe() -> bool:
@@ -49,17 +40,7 @@ def probe() -> bool:
 
 def patch():
     utils, planning = module(UTILS), module(PLANNING)
-    added = tuple(n for n in NAMES if not hasattr(utils, n))
-    for n in added:
-        setattr(utils, n, getattr(planning, n))
-    setattr(utils, _MARK, added)
-
-    def undo() -> None:
-        for n in added:
-            utils.__dict__.pop(n, None)
-        utils.__dict__.pop(_MARK, None)
-
-    return undo
+    return add_names(utils, {name: getattr(planning, name) for name in NAMES}, NAME)
 
 
 SHIM = Shim(
