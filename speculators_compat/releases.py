@@ -22,11 +22,11 @@ from dataclasses import dataclass
 #: - ``suite``: the whole suite.
 #: - ``api``: ``doctor`` (no uncovered drift), every shim's probe against its claimed range, and
 #:   the symptom tests of the shims that apply here but not on the ``suite`` release.
-#: - ``tier``: ``api`` plus one real engine through speculators' own generator, its states
+#: - ``oracle``: ``api`` plus one real engine through speculators' own generator, its states
 #:   against the transformers oracle.
-#: - ``serving``: ``tier`` plus the demo's draft served in vLLM's own speculative decoding.
+#: - ``serving``: ``oracle`` plus the demo's draft served in vLLM's own speculative decoding.
 #: - ``core``: ``api`` plus every engine, generator and capture test.
-CI_TIERS = ("suite", "api", "tier", "serving", "core")
+CI_TIERS = ("suite", "api", "oracle", "serving", "core")
 
 
 @dataclass(frozen=True)
@@ -60,12 +60,12 @@ class Release:
 
 RELEASES = (
     Release("0.11", ci="core", overrides="torch-2.8.txt", training=True),
-    Release("0.12", ci="tier", overrides="torch-2.9.txt"),
-    Release("0.13", ci="tier", overrides="torch-2.9.txt"),
-    Release("0.14", ci="tier", overrides="torch-2.9.txt", training=True),
-    Release("0.15", ci="tier", overrides="torch-2.10.txt"),
+    Release("0.12", ci="oracle", overrides="torch-2.9.txt"),
+    Release("0.13", ci="oracle", overrides="torch-2.9.txt"),
+    Release("0.14", ci="oracle", overrides="torch-2.9.txt", training=True),
+    Release("0.15", ci="oracle", overrides="torch-2.10.txt"),
     Release("0.16", ci="suite", overrides="torch-2.10.txt", training=True),
-    Release("0.17", ci="tier", overrides="torch-2.10.txt"),
+    Release("0.17", ci="oracle", overrides="torch-2.10.txt"),
     Release("0.22", ci="serving", overrides="torch-2.11.txt", training=True),
     Release("0.32", ci="core", overrides="torch-2.13.txt", training=True),
     Release("0.34", ci="api", overrides="vllm-0.34-overrides.txt", cpu_build=False),

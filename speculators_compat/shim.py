@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import wrapt
+
 Undo = Callable[[], None]
 
 
@@ -66,6 +68,14 @@ MARK = "__speculators_compat_shim__"
 PROVIDED = "__speculators_compat_provided__"
 
 
+class ShimProxy(wrapt.ObjectProxy):
+    """A stand-in for an object a shim replaces (a module, a class speculators calls through):
+    everything not defined on the subclass reaches the real object. Its own state goes in
+    ``_self_*`` attributes; the shim's mark stays on the proxy, never on the real object."""
+
+    __speculators_compat_shim__ = None  # set per instance by replace_attr (see MARK)
+
+
 def undo_all(undos: list[Undo]) -> Undo:
     """One undo for several patches: undone in reverse order of applying."""
 
@@ -85,7 +95,7 @@ def replace_attr(owner: object, attr: str, new: object, shim: str) -> Undo:
         return lambda: None  # already patched by this shim (e.g. inherited through fork)
     try:
         setattr(new, MARK, shim)
-        if original is not None:
+        if original is not None and not isinstance(new, wrapt.ObjectProxy):
             new.__wrapped__ = original
     except (AttributeError, TypeError):
         pass

@@ -25,6 +25,21 @@ def test_every_shim_names_target_range_symptom_and_test(shim):
     assert (Path(__file__).parent / "shims" / f"test_{shim.name}.py").is_file()
 
 
+def test_adding_a_shim_is_its_module_its_test_and_one_registry_line():
+    """Every module in shims/ is registered (name = module name, one SHIM each), and every test
+    file in tests/shims/ named after a shim has one: nothing is half added."""
+    from pathlib import Path
+
+    import speculators_compat.shims as package
+
+    modules = {p.stem for p in Path(package.__file__).parent.glob("*.py") if not p.stem.startswith("_")}
+    names = [shim.name for shim in SHIMS]
+    assert len(names) == len(set(names))
+    assert set(names) == modules, "a module in shims/ is not in SHIMS, or SHIMS names no module"
+    for shim in SHIMS:
+        assert shim.hook_module and getattr(package, shim.name).SHIM is shim
+
+
 def _owners() -> dict[str, object]:
     """Every module and class a shim's target names, and the objects on the way to it (the
     generator's ``torch.cuda``, ``MultiprocExecutor``), by dotted path."""

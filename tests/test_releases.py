@@ -68,10 +68,13 @@ def test_the_tested_range_is_the_list():
 
 def test_the_readme_support_table_has_one_row_per_release_with_its_pin():
     readme = (ROOT / "README.md").read_text()
-    rows = re.findall(r"^\| `vllm(\d+\.\d+)` \| `([\w-]+)==([^`]+)`", readme, re.MULTILINE)
+    rows = re.findall(r"^\| `vllm(\d+\.\d+)` \| `([\w-]+)==([^`]+)`.*\| ([^|]*) \|$", readme, re.MULTILINE)
     assert [minor for minor, *_ in rows] == [r.minor for r in RELEASES]
-    for minor, package, version in rows:
+    for minor, package, version, proven_by in rows:
         assert (package, version) == release_pin(minor), f"README row vllm{minor}"
+        ci = by_minor(minor).ci
+        expected = "in every CI run" if ci == "suite" else f"CI: {ci} tier"
+        assert expected in proven_by, f"README row vllm{minor}: 'proven by' must say {expected!r}"
 
 
 def test_every_shim_is_proven_in_ci():

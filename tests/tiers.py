@@ -94,7 +94,7 @@ def shim_tests(release: Release) -> list[str]:
 
 def ci_paths(release: Release) -> list[str]:
     paths = list(API)
-    if release.ci in ("tier", "serving"):
+    if release.ci in ("oracle", "serving"):
         paths += ORACLE
     if release.ci == "serving":
         paths += SERVING

@@ -12,9 +12,8 @@ Probe: CUDA is not available and the checkpointer names ``cuda:0``.
 from __future__ import annotations
 
 import inspect
-import types
 
-from ..shim import Shim, replace_attr, undo_all
+from ..shim import Shim, ShimProxy, replace_attr, undo_all
 from ._targets import CHECKPOINTER, module
 
 NAME = "checkpointer_cpu"
@@ -31,16 +30,11 @@ def _cpu_if_cuda(device):
     return "cpu" if device is not None and str(device).startswith("cuda") else device
 
 
-class _TorchLoadOnCpu(types.ModuleType):
-    def __init__(self, real_torch):
-        super().__init__("torch")
-        self._real = real_torch
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
+class _TorchLoadOnCpu(ShimProxy):
+    """speculators' checkpointer module's ``torch``, whose ``load`` maps CUDA to the CPU."""
 
     def load(self, *args, map_location=None, **kwargs):
-        return self._real.load(*args, map_location=_cpu_if_cuda(map_location), **kwargs)
+        return self.__wrapped__.load(*args, map_location=_cpu_if_cuda(map_location), **kwargs)
 
 
 def patch():

@@ -21,7 +21,7 @@ import inspect
 import json
 from pathlib import Path
 
-from ..shim import Shim, replace_attr, undo_all
+from ..shim import Shim, ShimProxy, replace_attr, undo_all
 from ..text_model import text_config
 from ._targets import DRAFT, module
 
@@ -60,18 +60,12 @@ def wrapper_prefix(names: list[str], wanted: str = "model.embed_tokens.weight") 
     return ""
 
 
-class _VerifierConfigLoader:
+class _VerifierConfigLoader(ShimProxy):
     """Stands in for ``AutoConfig`` inside speculators' draft module."""
-
-    def __init__(self, auto_config):
-        self._auto = auto_config
-
-    def __getattr__(self, name):
-        return getattr(self._auto, name)
 
     def from_pretrained(self, path, *args, **kwargs):
         kwargs.setdefault("trust_remote_code", True)
-        return text_config(self._auto.from_pretrained(path, *args, **kwargs))
+        return text_config(self.__wrapped__.from_pretrained(path, *args, **kwargs))
 
 
 def patch():

@@ -15,10 +15,9 @@ Probe: CUDA is not available.
 from __future__ import annotations
 
 import os
-import types
 
 from .. import cpu_kv_cache
-from ..shim import Shim, replace_attr, undo_all
+from ..shim import Shim, ShimProxy, replace_attr, undo_all
 from ._targets import GENERATOR, module, rewrite_call
 
 NAME = "generator_cpu_memory"
@@ -30,14 +29,12 @@ def probe() -> bool:
     return not torch.cuda.is_available()
 
 
-class _CudaOnCpu(types.SimpleNamespace):
-    def __init__(self, real_cuda, gen_module):
-        super().__init__()
-        self._real = real_cuda
-        self._gen = gen_module
+class _CudaOnCpu(ShimProxy):
+    """``torch.cuda`` as the generator sees it: memory is the machine's."""
 
-    def __getattr__(self, name):
-        return getattr(self._real, name)
+    def __init__(self, real_cuda, gen_module):
+        super().__init__(real_cuda)
+        self._self_gen = gen_module
 
     def mem_get_info(self, *args, **kwargs):
         import psutil
@@ -47,7 +44,7 @@ class _CudaOnCpu(types.SimpleNamespace):
         if space:
             # speculators takes free * gpu_memory_utilization * CACHE_MEMORY_FRACTION; report a
             # "free" that makes that product the configured CPU KV-cache space.
-            fraction = getattr(self._gen, "CACHE_MEMORY_FRACTION", 0.2) * 0.8
+            fraction = getattr(self._self_gen, "CACHE_MEMORY_FRACTION", 0.2) * 0.8
             return int(float(space) * 2**30 / fraction), total
         return psutil.virtual_memory().available, total
 
@@ -55,14 +52,16 @@ class _CudaOnCpu(types.SimpleNamespace):
         return None
 
 
-class _TorchOnCpu(types.ModuleType):
-    def __init__(self, real_torch, gen_module):
-        super().__init__("torch")
-        self._real = real_torch
-        self.cuda = _CudaOnCpu(real_torch.cuda, gen_module)
+class _TorchOnCpu(ShimProxy):
+    """The generator module's ``torch``, with :class:`_CudaOnCpu` as ``torch.cuda``."""
 
-    def __getattr__(self, name):
-        return getattr(self._real, name)
+    def __init__(self, real_torch, gen_module):
+        super().__init__(real_torch)
+        self._self_cuda = _CudaOnCpu(real_torch.cuda, gen_module)
+
+    @property
+    def cuda(self):
+        return self._self_cuda
 
 
 def _model_config(_args: tuple, kwargs: dict) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import re
 
-from ..shim import Shim, replace_attr
+from ..shim import Shim, ShimProxy, replace_attr
 from ._targets import GENERATOR, module
 
 NAME = "tokenizer_remote_code"
@@ -27,16 +27,10 @@ def probe() -> bool:
     return any("trust_remote_code" not in args for args in calls)
 
 
-class _AutoTokenizer:
-    def __init__(self, real):
-        self._real = real
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
+class _AutoTokenizer(ShimProxy):
     def from_pretrained(self, *args, **kwargs):
         kwargs.setdefault("trust_remote_code", True)
-        return self._real.from_pretrained(*args, **kwargs)
+        return self.__wrapped__.from_pretrained(*args, **kwargs)
 
 
 def patch():
