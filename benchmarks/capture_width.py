@@ -47,7 +47,7 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _worker(conn, hidden: int, layers: int, lengths: list[int]) -> None:
+def _worker(conn, hidden: int, layers: int, lengths: list[int], repeat: int = 1) -> None:
     """The worker's side: capture by hooks, step by step, pack, answer through the queue."""
     import torch
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
@@ -61,27 +61,31 @@ def _worker(conn, hidden: int, layers: int, lengths: list[int]) -> None:
     model.layers = torch.nn.ModuleList(torch.nn.Identity() for _ in range(layers))
     state = CaptureState(model, list(range(layers)))
     base = rss_bytes()
-    req_ids = [f"req-{i}" for i in range(len(lengths))]
     # synthetic states; each layer's output of each step is a tensor of its own, as the model's is
     rows = torch.randn(STEP_TOKENS, hidden, dtype=torch.bfloat16)
-    filing = 0.0  # the hooks and end_step, not the making of the rows (the model's part)
-    for req_id, n in zip(req_ids, lengths, strict=True):
-        for offset in range(0, n, STEP_TOKENS):
-            count = min(STEP_TOKENS, n - offset)
-            outputs = [rows[:count].clone() for _ in model.layers]
-            start = time.perf_counter()
-            for layer, output in zip(model.layers, outputs, strict=True):
-                layer(output)
-            state.end_step([req_id], {req_id: count})
-            filing += time.perf_counter() - start
-            del outputs
-    start = time.perf_counter()
-    packed = state.take_packed(req_ids)
-    taken = time.perf_counter()
-    queue.enqueue(packed)
-    sent = time.perf_counter()
-    del packed
-    conn.send({"file": filing, "pack": taken - start, "enqueue": sent - taken, "sent_at": sent})
+    for batch in range(repeat):
+        if repeat > 1:
+            conn.recv()  # as extract's generate() call: the worker computes when the driver asks
+        req_ids = [f"req-{batch}-{i}" for i in range(len(lengths))]
+        filing = 0.0  # the hooks and end_step, not the making of the rows (the model's part)
+        for req_id, n in zip(req_ids, lengths, strict=True):
+            for offset in range(0, n, STEP_TOKENS):
+                count = min(STEP_TOKENS, n - offset)
+                outputs = [rows[:count].clone() for _ in model.layers]
+                start = time.perf_counter()
+                for layer, output in zip(model.layers, outputs, strict=True):
+                    layer(output)
+                state.end_step([req_id], {req_id: count})
+                filing += time.perf_counter() - start
+                del outputs
+        start = time.perf_counter()
+        packed = state.take_packed(req_ids)
+        taken = time.perf_counter()
+        queue.enqueue(packed)
+        sent = time.perf_counter()
+        del packed
+        if repeat == 1:
+            conn.send({"file": filing, "pack": taken - start, "enqueue": sent - taken, "sent_at": sent})
     conn.send({"peak_rss": peak_rss_bytes(), "base_rss": base})
 
 
@@ -135,6 +139,54 @@ def child(hidden: int, layers: int, lengths: list[int], out: Path) -> None:
     )
 
 
+def overlap_child(
+    hidden: int, layers: int, lengths: list[int], out: Path, repeat: int, overlap: bool
+) -> None:
+    """``repeat`` batches end to end, as extract runs them: the driver receives and unpacks each
+    batch, then writes it in series, or (``overlap``) hands it to extract's ``BatchWriter``,
+    which writes it on a thread while the next batch arrives."""
+    import multiprocessing
+
+    import torch
+
+    from speculators_compat.capture import unpack_states
+    from speculators_compat.pipeline.extract import BatchWriter, _write_batch
+
+    ctx = multiprocessing.get_context("spawn")
+    parent_conn, worker_conn = ctx.Pipe()
+    worker = ctx.Process(target=_worker, args=(worker_conn, hidden, layers, lengths, repeat))
+    worker.start()
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+    queue = MessageQueue.create_from_handle(parent_conn.recv(), 0)
+    queue.wait_until_ready()
+    writer = BatchWriter()
+    nbytes, index = 0, 0
+    start = time.perf_counter()
+    for _ in range(repeat):
+        parent_conn.send("next")  # generate(): the worker runs the batch while we wait
+        by_request = unpack_states(queue.dequeue())
+        chunk = list(range(index, index + len(lengths)))
+        index += len(lengths)
+        rows = [{"loss_mask": torch.ones(n, dtype=torch.long)} for n in lengths]
+        results = [
+            {"input_ids": torch.zeros(n, dtype=torch.long), "hidden_states": states}
+            for n, states in zip(lengths, by_request.values(), strict=True)
+        ]
+        nbytes += sum(h.nbytes for r in results for h in r["hidden_states"])
+        if overlap:
+            writer.submit(lambda c=chunk, r=rows, res=results: _write_batch(out, c, r, res))
+        else:
+            _write_batch(out, chunk, rows, results)
+        del by_request, results
+    writer.finish()
+    elapsed = time.perf_counter() - start
+    writer.close()
+    parent_conn.recv()
+    worker.join()
+    emit({"bytes": nbytes, "seconds": elapsed})
+
+
 def bounds_child(nbytes: int, out: Path) -> None:
     """One copy of ``nbytes`` in memory; ``torch.save`` of them to ``out``, with and without fsync."""
     import torch
@@ -174,13 +226,26 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=4, help="captured layers (3 auxiliary + the last)")
     parser.add_argument("--batches", default="1x32768,8x4096,1x4096", help="COUNTxTOKENS,... one run each")
     parser.add_argument("--out", type=Path, help="where the data_*.pt files go (default: a temporary folder)")
-    parser.add_argument("--child", choices=["path", "bounds"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--overlap",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run N batches of the last shape end to end, written in series and then as "
+        "extract writes them (on a thread, while the next batch arrives); prints the ratio",
+    )
+    parser.add_argument("--child", choices=["path", "bounds", "series", "overlap"], help=argparse.SUPPRESS)
     parser.add_argument("--lengths", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "path":
         return child(args.hidden, args.layers, [int(n) for n in args.lengths.split(",")], args.out)
     if args.child == "bounds":
         return bounds_child(int(args.lengths), args.out)
+    if args.child in ("series", "overlap"):
+        lengths = [int(n) for n in args.lengths.split(",")]
+        return overlap_child(
+            args.hidden, args.layers, lengths, args.out, args.overlap, args.child == "overlap"
+        )
 
     header(
         f"capture path at real width: {args.layers} layers x hidden {args.hidden}, bfloat16 "
@@ -201,6 +266,14 @@ def main() -> int:
             results.append((lengths, r))
         largest = max(r["bytes"] for _, r in results)
         b = run_child([me, "--child", "bounds", "--lengths", str(largest), "--out", str(out)])
+        overlapped = {}
+        for mode in ("series", "overlap") if args.overlap else ():
+            for stale in out.glob("*.pt"):
+                stale.unlink()
+            overlapped[mode] = run_child(
+                [me, "--child", mode, "--hidden", str(args.hidden), "--layers", str(args.layers),
+                 "--lengths", ",".join(map(str, lengths)), "--out", str(out), "--overlap", str(args.overlap)]
+            )  # fmt: skip
     print(f"   out: {args.out or tempfile.gettempdir()} ({os.statvfs(out.parent).f_bsize}-byte blocks)")
     for lengths, r in results:
         n = r["bytes"]
@@ -225,6 +298,12 @@ def main() -> int:
     print(f"   bounds, {largest / GB:.2f} GB: one copy in memory {rate(largest, b['copy'])}; "
           f"torch.save to this disk {rate(largest, b['save'])} (page cache), "
           f"{rate(largest, b['save_fsync'])} with fsync")  # fmt: skip
+    if overlapped:
+        s, o = overlapped["series"], overlapped["overlap"]
+        print(f"   {args.overlap} batches of {len(lengths)} x {lengths[0]:,} tokens "
+              f"({s['bytes'] / GB:.2f} GB), driver end to end: written in series {s['seconds']:.2f} s "
+              f"({rate(s['bytes'], s['seconds'])}), by extract's BatchWriter {o['seconds']:.2f} s "
+              f"({rate(o['bytes'], o['seconds'])}): ratio {s['seconds'] / o['seconds']:.2f}")  # fmt: skip
     return 0
 
 

@@ -124,7 +124,6 @@ def extract(
     shard: Shard = WHOLE,
 ) -> ExtractResult:
     import datasets
-    import torch
     from tqdm import tqdm
 
     run.require("prepare", "extract")
@@ -186,6 +185,7 @@ def extract(
             raise PipelineError(
                 f"{exc}\nvLLM did not start; the {len(have)} samples already on disk are kept."
             ) from exc
+    writer = BatchWriter()
     try:
         bar = tqdm(
             total=len(mine),
@@ -200,19 +200,19 @@ def extract(
             try:
                 results = generator.generate([row["input_ids"] for row in rows])
             except WorkerDied as exc:
+                writer.finish()  # the batch being written is kept
                 kept = len(existing_samples(out))
                 raise PipelineError(
                     f"{exc}\n{kept} of {len(prepared)} samples are on disk in {out} and are kept: "
                     "once the cause is fixed (memory: a smaller --batch-size or --seq-length), run "
                     "the same command again to resume."
                 ) from exc
-            for i, row, result in zip(chunk, rows, results, strict=True):
-                n = len(result["input_ids"])
-                sample = sample_record(result["input_ids"], result["hidden_states"], row["loss_mask"][:n])
-                write_file(out / f"data_{i}.pt", lambda tmp, s=sample: torch.save(s, tmp))
-            bar.update(len(chunk))
+            # Written while the next batch is generated (the model's forward and the disk overlap).
+            bar.update(writer.submit(lambda c=chunk, r=rows, res=results: _write_batch(out, c, r, res)))
+        bar.update(writer.finish())
         bar.close()
     finally:
+        writer.close()
         if generator is not None:
             generator.executor.shutdown()
     missing = missing_samples(run, len(prepared))
@@ -244,6 +244,53 @@ def _read_record(run: RunFolder) -> dict:
 
     path = extraction_record(run)
     return json.loads(path.read_text()) if path.is_file() else {"dtype": None, "shards": {}}
+
+
+def _write_batch(out: Path, chunk: list[int], rows: list[dict], results: list[dict]) -> int:
+    """One batch's samples as ``data_{i}.pt`` (each written whole, then renamed); returns how many."""
+    import torch
+
+    for i, row, result in zip(chunk, rows, results, strict=True):
+        n = len(result["input_ids"])
+        sample = sample_record(result["input_ids"], result["hidden_states"], row["loss_mask"][:n])
+        write_file(out / f"data_{i}.pt", lambda tmp, s=sample: torch.save(s, tmp))
+    return len(chunk)
+
+
+class BatchWriter:
+    """Writes one batch's files on a thread of its own while the next batch is generated.
+
+    At most one batch is being written at a time: :meth:`submit` first waits for the one before,
+    so the driver holds at most two batches of states (the one being written, the one just
+    generated). A failed write is raised by the next :meth:`submit` or :meth:`finish`; files are
+    written whole and renamed, so whatever is on disk is complete.
+    """
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-writer")
+        self._pending = None
+
+    def submit(self, write) -> int:
+        """Start writing a batch; returns how many samples the batch before it wrote."""
+        done = self.finish()
+        self._pending = self._pool.submit(write)
+        return done
+
+    def finish(self) -> int:
+        """Wait for the batch being written (raising its error); how many samples it wrote."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else 0
+
+    def close(self) -> None:
+        """Let a batch being written finish (its error is logged: another is on its way up)."""
+        try:
+            self.finish()
+        except Exception as exc:  # noqa: BLE001 (the exception already propagating wins)
+            log.error("writing a batch of samples failed too: %s: %s", type(exc).__name__, exc)
+        finally:
+            self._pool.shutdown(wait=True)
 
 
 def _start_shard(run: RunFolder, shard: Shard, wanted: str, have: set[int]) -> None:
