@@ -59,7 +59,11 @@ def main(request_path: str, result_path: str) -> None:
         result = _generate(llm, request, SamplingParams, TokensPrompt)
     # what the CPU platform gave the KV cache (None on GPUs)
     config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
-    result["kv_cache_bytes"] = getattr(getattr(config, "cache_config", None), "cpu_kvcache_space_bytes", None)
+    cache = getattr(config, "cache_config", None)
+    # vLLM's name for it: cpu_kvcache_space_bytes (up to 0.2x), kv_cache_memory_bytes (0.32)
+    result["kv_cache_bytes"] = getattr(cache, "cpu_kvcache_space_bytes", None) or getattr(
+        cache, "kv_cache_memory_bytes", None
+    )
     with open(result_path, "w") as f:
         json.dump(result, f)
 

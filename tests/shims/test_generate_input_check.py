@@ -70,7 +70,9 @@ def test_without_it_an_id_past_the_vocabulary_is_not_refused_by_speculators():
     result = run_python(_RUN, env={"SPECULATORS_COMPAT_DISABLE": SHIM.name})
     bad = result["past_vocab"]
     # vLLM is handed the id: on one rank the worker fails in the embedding (IndexError, naming no
-    # sequence), and the generator does not recover
-    assert not bad["ok"] and "index out of range" in bad["message"], bad
+    # sequence; vLLM 0.11's IPEX embedding: "INDICES element is out of DATA bounds"), and the
+    # generator does not recover
+    out_of_range = ("index out of range", "INDICES element is out of DATA bounds")
+    assert not bad["ok"] and any(text in bad["message"] for text in out_of_range), bad
     assert "sequence 1, position 5" not in bad["message"]
     assert not result["good_again"]["ok"], result["good_again"]

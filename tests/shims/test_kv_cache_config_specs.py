@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from speculators_compat.shims._targets import GENERATOR, module
@@ -9,8 +11,13 @@ from speculators_compat.shims.kv_cache_config_specs import SHIM
 from tests.shims.conftest import needs_claim
 
 # No KV-cache groups (an attention-free model): every release in the shim's range returns a
-# one-block KVCacheConfig without touching vllm_config, so the call runs through for real.
-CALL = dict(vllm_config=None, kv_cache_groups=[], available_memory=0)
+# one-block KVCacheConfig, reading at most the cache config's prefix-cache retention (0.32), so
+# the call runs through for real.
+CALL = dict(
+    vllm_config=SimpleNamespace(cache_config=SimpleNamespace(prefix_cache_retention_interval=None)),
+    kv_cache_groups=[],
+    available_memory=0,
+)
 
 
 def test_unpatched_fails_with_the_symptom_and_patched_runs_the_original(claimed, state):
