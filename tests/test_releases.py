@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from speculators_compat import registry
-from speculators_compat.releases import CI_TIERS, RELEASES, by_minor, for_env, suite_release, tested_text
+from speculators_compat import registry, releases
+from speculators_compat.releases import CI_TIERS, RELEASES, by_minor, for_env, suite_release
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "constraints"
@@ -58,12 +58,12 @@ def test_tox_env_names_map_back_to_their_release():
 
 
 def test_the_tested_range_is_the_list():
-    assert tested_text() == registry.TESTED_VLLM_TEXT
+    assert releases.tested_text() == registry.TESTED_VLLM_TEXT
     for release in RELEASES:
         assert registry.is_tested(f"{release.minor}.0")
         assert registry.is_tested(f"{release.minor}.9+cpu")
     assert not registry.is_tested("0.18.0") and not registry.is_tested("9.0.0")
-    assert tested_text().startswith(RELEASES[0].minor)
+    assert releases.tested_text().startswith(RELEASES[0].minor)
 
 
 def test_the_readme_support_table_has_one_row_per_release_with_its_pin():
