@@ -57,6 +57,32 @@ def test_builder_is_deterministic(tmp_path, name):
     assert digest_a == _digest(b)
 
 
+def test_a_build_that_loses_the_race_keeps_the_winners_checkpoint(tmp_path, monkeypatch):
+    """Two processes building the same cache key (two tox envs, two preflights): the one that
+    finishes second must not remove the folder the first already handed out (a reader may be
+    loading it); it keeps that one. Run in one thread: the loser's build runs the winner's whole
+    build while it materialises its own copy."""
+    import speculators_compat.tiny as tiny
+
+    monkeypatch.setenv("SPECULATORS_COMPAT_CACHE", str(tmp_path))
+    materialise = tiny._materialise
+    won = []
+
+    def loser(recipe, dtype, out):
+        materialise(recipe, dtype, out)
+        monkeypatch.setattr(tiny, "_materialise", materialise)
+        won.append(build("llama-tiny", "float32"))
+        won.append((won[0] / "model.safetensors").stat().st_ino)
+
+    monkeypatch.setattr(tiny, "_materialise", loser)
+    path = build("llama-tiny", "float32")
+    assert path == won[0]
+    assert (path / "model.safetensors").stat().st_ino == won[1], "the winner's checkpoint was replaced"
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name], "a temp folder was left"
+    assert build("llama-tiny", "float32", force=True) == path
+    assert (path / "model.safetensors").stat().st_ino != won[1], "force rebuilds"
+
+
 def test_deepseek_fixture_has_kimi_k2_shape(built):
     config = json.loads((built("deepseek-v3-tiny") / "config.json").read_text())
     assert config["architectures"] == ["DeepseekV3ForCausalLM"]

@@ -156,9 +156,15 @@ def build_recipe(
     tmp.chmod(0o755)
     try:
         _materialise(recipe, dtype, tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        if force or not (target / "config.json").is_file():
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            tmp.rename(target)
+        except OSError:
+            # Another process (two tox envs, two preflights) built the same key meanwhile and may
+            # be reading it already: keep theirs, the same bytes (the builder is deterministic).
+            if not (target / "config.json").is_file():
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
