@@ -13,9 +13,11 @@ request's own buffer, so chunked prefill, batches larger than ``max_num_seqs`` a
 reordered by vLLM all land on the right sequence.
 
 Transfer: :meth:`CaptureState.take_packed` hands a batch's states to the driver as one byte
-array per layer (requests back to back), which vLLM's message queue (0.12+) sends as pickle-5
-out-of-band buffers, without copying; a torch tensor would be pickled through ``torch.save``
-into bytes, several copies per tensor. :func:`unpack_states` gives each request its own tensors.
+array per request and layer (the captured rows themselves where a request was prefilled in one
+step), which vLLM's message queue (0.12+) sends as pickle-5 out-of-band buffers; a torch tensor
+would be pickled through ``torch.save`` into bytes, several copies per tensor.
+:func:`unpack_states` gives each request its own tensors, copying only what arrived in memory
+that is not the driver's to keep (vLLM's shared-memory ring, which the next message reuses).
 """
 
 from __future__ import annotations
@@ -134,19 +136,26 @@ class CaptureState:
     def take_packed(self, req_ids: list[str]) -> dict:
         """:meth:`take`, packed for the trip to the driver (:func:`unpack_states` reverses it).
 
-        ``{"req_ids": [...], "layers": [{"dtype", "lengths", "data"} per layer]}``: ``data`` is a
-        uint8 numpy array of shape (tokens of all requests, hidden size * item size), one copy of
-        the captured rows; ``lengths`` are each request's rows in that layer.
+        ``{"req_ids": [...], "layers": [{"dtype", "arrays"} per layer]}``: ``arrays`` holds, per
+        request, a uint8 numpy array of shape (its rows, hidden size * item size), or None when
+        it has no rows. A request prefilled in one step sends a view of that step's rows (no
+        copy here); one prefilled in several steps, its chunks joined (one copy).
         """
         bufs = [(r, self.requests.pop(r)) for r in req_ids if r in self.requests]
         layers = []
         for pos in range(len(self.layer_ids)):
-            chunks = [c for _, buf in bufs for c in buf[pos]]
-            lengths = [sum(c.shape[0] for c in buf[pos]) for _, buf in bufs]
-            rows = torch.cat(chunks) if chunks else torch.empty(0, 0)
-            data = rows.contiguous().view(torch.uint8).numpy() if rows.numel() else None
-            self.taken_since_release += 0 if data is None else data.nbytes
-            layers.append({"dtype": str(rows.dtype).removeprefix("torch."), "lengths": lengths, "data": data})
+            arrays, dtype = [], None
+            for _, buf in bufs:
+                chunks = buf[pos]
+                rows = chunks[0] if len(chunks) == 1 else torch.cat(chunks) if chunks else None
+                if rows is None or not rows.numel():
+                    arrays.append(None)
+                    continue
+                dtype = rows.dtype
+                data = rows.contiguous().view(torch.uint8).numpy()
+                self.taken_since_release += data.nbytes
+                arrays.append(data)
+            layers.append({"dtype": str(dtype or torch.float32).removeprefix("torch."), "arrays": arrays})
         return {"req_ids": [r for r, _ in bufs], "layers": layers}
 
     def release_memory_now_and_then(self) -> None:
@@ -166,21 +175,43 @@ class CaptureState:
 def unpack_states(packed: dict) -> dict[str, list[torch.Tensor]]:
     """:meth:`CaptureState.take_packed`'s result as ``take()`` gives it: per request, per layer.
 
-    Every tensor owns its storage (``torch.save`` of one sample writes only its own rows), and
-    nothing refers to the received buffers afterwards.
+    Every tensor owns exactly its own rows (``torch.save`` of one sample writes only those), and
+    none refers to memory that can change afterwards: an array that arrived in memory the driver
+    does not own for good (vLLM's shared-memory ring, reused by the next message; anything not
+    known to be the driver's) is copied; one that arrived in a buffer of its own (a zmq frame,
+    pickled bytes) is used as it is.
     """
     out: dict[str, list[torch.Tensor]] = {r: [] for r in packed["req_ids"]}
     for layer in packed["layers"]:
-        data, lengths = layer["data"], layer["lengths"]
         dtype = getattr(torch, layer["dtype"])
-        start = 0
-        for req_id, n in zip(packed["req_ids"], lengths, strict=True):
-            if data is None or n == 0:
+        for req_id, data in zip(packed["req_ids"], layer["arrays"], strict=True):
+            if data is None:
                 out[req_id].append(torch.empty(0, dtype=dtype))
                 continue
-            out[req_id].append(torch.from_numpy(data[start : start + n].copy()).view(dtype))
-            start += n
+            if not _kept_by_driver(data):
+                data = data.copy()
+            out[req_id].append(torch.from_numpy(data).view(dtype))
     return out
+
+
+def _kept_by_driver(array) -> bool:
+    """Whether ``array``'s memory is the driver's for as long as it holds the array, and holds
+    only this array: its own allocation, pickled bytes, or a zmq frame (vLLM's queue sends a
+    message too large for its shared-memory ring through zmq, one frame per buffer). A view into
+    the ring (an ``mmap``), or into anything else, is not."""
+    import numpy as np
+
+    root = array
+    while isinstance(root, np.ndarray) and root.base is not None:
+        root = root.base
+    pickled = isinstance(root, memoryview) and isinstance(root.obj, bytes | bytearray)
+    if isinstance(root, np.ndarray) or pickled:  # an array that owns its data, or pickled bytes
+        whole = root
+    elif type(root).__module__.startswith("zmq.") and type(root).__name__ == "Frame":
+        whole = memoryview(root)
+    else:
+        return False
+    return memoryview(whole).nbytes == array.nbytes
 
 
 @functools.cache

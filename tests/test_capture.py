@@ -122,16 +122,90 @@ def test_packed_states_round_trip_bit_for_bit_and_each_request_owns_its_storage(
     assert capture.requests == {}
 
 
-def test_a_large_layer_leaves_the_pickle_stream_out_of_band():
-    """vLLM's message queue sends pickle-5 buffers of 1 MiB or more without copying them."""
+def test_large_states_leave_the_pickle_stream_out_of_band_and_one_step_is_not_copied():
+    """vLLM's message queue sends pickle-5 buffers of 1 MiB or more without copying them; a
+    request prefilled in one step is sent as a view of that step's rows (no copy in the
+    worker), one prefilled in two steps as its chunks joined."""
     capture = CaptureState(_Toy(1), [0])
     capture.begin_step()
-    capture.step[0].append(torch.randn(2048, 256))  # 2 MiB of float32
+    step = torch.randn(2048, 256)  # 2 MiB of float32
+    capture.step[0].append(step)
     capture.end_step(["a", "b"], {"a": 1000, "b": 1048})
+    capture.begin_step()
+    capture.step[0].append(torch.randn(24, 256))
+    capture.end_step(["b"], {"b": 24})
+    packed = capture.take_packed(["a", "b"])
+    a, b = packed["layers"][0]["arrays"]
+    assert a.ctypes.data == step.data_ptr()  # a's rows themselves
+    assert b.shape == (1072, 256 * 4)
+    assert not step.data_ptr() <= b.ctypes.data < step.data_ptr() + step.nbytes  # joined: a copy
     buffers = []
-    stream = pickle.dumps(capture.take_packed(["a", "b"]), protocol=5, buffer_callback=buffers.append)
+    stream = pickle.dumps(packed, protocol=5, buffer_callback=buffers.append)
     assert len(stream) < 4096
-    assert [b.raw().nbytes for b in buffers] == [2048 * 256 * 4]
+    assert [b.raw().nbytes for b in buffers] == [1000 * 256 * 4, 1072 * 256 * 4]
+
+
+def _received(packed, transport: str):
+    """``packed`` as the driver receives it from vLLM's message queue: out-of-band buffers laid
+    into its shared-memory ring (an mmap the next message overwrites), or sent as zmq frames
+    (a message too large for the ring)."""
+    import mmap
+
+    import zmq
+
+    buffers = []
+    stream = pickle.dumps(packed, protocol=5, buffer_callback=buffers.append)
+    if transport == "ring":
+        ring = mmap.mmap(-1, sum(b.raw().nbytes for b in buffers))
+        view, offset, laid = memoryview(ring), 0, []
+        for buf in buffers:
+            raw = buf.raw()
+            view[offset : offset + raw.nbytes] = raw
+            laid.append(view[offset : offset + raw.nbytes])
+            offset += raw.nbytes
+        return pickle.loads(stream, buffers=laid), view
+    context = zmq.Context.instance()
+    sender, receiver = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    receiver.bind("inproc://states")
+    sender.connect("inproc://states")
+    sender.send_multipart([stream, *buffers], copy=False)
+    main, *frames = receiver.recv_multipart(copy=False)
+    sender.close()
+    receiver.close()
+    return pickle.loads(main, buffers=frames), None
+
+
+@pytest.mark.parametrize("transport", ["ring", "zmq"])
+def test_unpacked_states_copy_what_the_ring_reuses_and_nothing_else(transport):
+    capture = CaptureState(_Toy(2), [0, 1])
+    capture.begin_step()
+    sent = [torch.randn(3000, 128), torch.randn(3000, 128)]  # 1.5 MiB a layer
+    for pos in range(2):
+        capture.step[pos].append(sent[pos])
+    capture.end_step(["a", "b"], {"a": 1000, "b": 2000})
+    packed, ring = _received(capture.take_packed(["a", "b"]), transport)
+    arrays = [array for layer in packed["layers"] for array in layer["arrays"]]
+    received = unpack_states(packed)
+    if ring is not None:
+        ring[:] = b"\0" * ring.nbytes  # the next message
+    for pos in range(2):
+        assert torch.equal(received["a"][pos], sent[pos][:1000])
+        assert torch.equal(received["b"][pos], sent[pos][1000:])
+    got = [t.data_ptr() for t in (received["a"][0], received["b"][0], received["a"][1], received["b"][1])]
+    shared = [p == a.ctypes.data for p, a in zip(got, arrays, strict=True)]
+    assert shared == [transport == "zmq"] * 4
+
+
+def test_a_view_of_a_larger_buffer_is_copied():
+    """Only memory that holds nothing but the array is kept: a view into a larger array, or
+    into memory of an unknown kind, is copied."""
+    import numpy as np
+
+    whole = np.arange(4096, dtype=np.uint8).reshape(8, 512)
+    packed = {"req_ids": ["a"], "layers": [{"dtype": "float32", "arrays": [whole[2:4]]}]}
+    (state,) = unpack_states(packed)["a"]
+    assert state.data_ptr() != whole[2:4].ctypes.data
+    assert state.view(torch.uint8).numpy().tobytes() == whole[2:4].tobytes()
 
 
 def test_out_of_range_layer_ids_name_the_valid_range():
