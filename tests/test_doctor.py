@@ -21,7 +21,7 @@ DRIFT = """
 import json
 import vllm.v1.request as request
 {alteration}
-from speculators_compat.doctor import diagnose
+from speculators_compat.diagnose.doctor import diagnose
 findings = {{f.point.name: (f.state, f.evidence) for f in diagnose()}}
 from speculators_compat.cli import main
 try:

@@ -69,7 +69,7 @@ def test_the_map_has_a_date_and_one_well_formed_row_per_release():
 
 
 def test_the_map_is_not_older_than_the_matrix_nor_doctor():
-    from speculators_compat.doctor import points
+    from speculators_compat.diagnose.doctor import points
 
     newest_row = max(Version(r[0]) for r in _rows())
     newest_matrix = max(Version(v) for v in _tool("lock_envs").VERSIONS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speculators_compat.reference import TOLERANCE, relative_error
+from speculators_compat.oracle.reference import TOLERANCE, relative_error
 from speculators_compat.tiny import sample_token_ids
 
 pytestmark = pytest.mark.engine

@@ -13,7 +13,7 @@ import os
 import pytest
 
 import speculators_compat
-from speculators_compat.reference import TOLERANCE, relative_error
+from speculators_compat.oracle.reference import TOLERANCE, relative_error
 from speculators_compat.tiny import sample_token_ids
 from tests.conftest import assert_mla_as_chosen, mla_skip_reason, unsupported_reason
 
@@ -33,7 +33,7 @@ GENERATOR_MODELS = [
 
 @pytest.fixture(scope="module", params=GENERATOR_MODELS)
 def generator(request, built):
-    from speculators_compat.reference import ReferenceModel
+    from speculators_compat.oracle.reference import ReferenceModel
     from speculators_compat.tiny import load_recipe
 
     reason = unsupported_reason(load_recipe(request.param)["architecture"]) or mla_skip_reason(request.param)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.pipeline.check import check_against_reference
 from speculators_compat.pipeline.layout import RunFolder
-from speculators_compat.reference import TOLERANCE
 from tests.helpers import fresh
 from tests.pipeline_helpers import ROOT, assert_served_states_equal_training_states, cli, prepare
 

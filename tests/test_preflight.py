@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from speculators_compat.preflight import shrink
+from speculators_compat.diagnose.preflight import shrink
 from speculators_compat.tiny import fixtures_dir
 from tests.conftest import unsupported_reason
 from tests.pipeline_helpers import cli

@@ -94,7 +94,7 @@ def test_vllm_accepts_what_the_training_code_predicts(served):
 def test_regenerated_answers_are_the_verifier_own_greedy_tokens(served):
     """The transformers oracle, at every answer position of the training data, picks the token
     the data holds: the samples say what the verifier says."""
-    from speculators_compat.reference import ReferenceModel
+    from speculators_compat.oracle.reference import ReferenceModel
 
     run, _, _ = served
     reference = ReferenceModel(run.settings()["model"])

@@ -15,10 +15,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.pipeline.check import check_against_reference
 from speculators_compat.pipeline.extract import Shard
 from speculators_compat.pipeline.layout import RunFolder
-from speculators_compat.reference import TOLERANCE
 from tests.pipeline_helpers import ROOT, cli, prepare
 
 TOTAL = 16

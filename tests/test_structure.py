@@ -85,3 +85,79 @@ def test_no_import_cycle_in_the_package():
     graph = import_graph()
     assert "speculators_compat.shim" in graph["speculators_compat.shims.scheduler_block_size"]
     assert cycles(graph) == []
+
+
+#: The tooling beside the core: the pipeline, diagnosis, the oracle, the tiny fixtures and the CLI.
+#: Everything else in the package is the core (the registry, the patch helpers, the shims and what
+#: they use), which imports none of these, so that what the core does on import can be read there.
+TOOLING = (
+    "speculators_compat.pipeline",
+    "speculators_compat.diagnose",
+    "speculators_compat.oracle",
+    "speculators_compat.tiny",
+    "speculators_compat.cli",
+    "speculators_compat.__main__",
+)
+
+
+def is_tooling(module: str) -> bool:
+    return any(module == t or module.startswith(t + ".") for t in TOOLING)
+
+
+def core_imports_of_tooling(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted(
+        (name, target)
+        for name, targets in graph.items()
+        if not is_tooling(name)
+        for target in targets
+        if is_tooling(target)
+    )
+
+
+def test_the_checker_finds_the_core_importing_tooling():
+    graph = {"speculators_compat.shims.x": {"speculators_compat.pipeline.serve"}}
+    found = core_imports_of_tooling(graph)
+    assert found == [("speculators_compat.shims.x", "speculators_compat.pipeline.serve")]
+
+
+def test_the_core_imports_no_tooling():
+    graph = import_graph()
+    assert all(t in graph or any(m.startswith(t + ".") for m in graph) for t in TOOLING)
+    assert "speculators_compat.registry" in graph and not is_tooling("speculators_compat.registry")
+    assert core_imports_of_tooling(graph) == []
+
+
+def test_importing_any_module_activates_nothing_beyond_the_package():
+    """``import speculators_compat`` is the one import that activates (unless
+    ``SPECULATORS_COMPAT_AUTO=0``); importing any other module of the package, core or tooling,
+    afterwards applies no shim, registers no import hook and writes no environment variable."""
+    from tests.helpers import run_python
+
+    code = """
+    import importlib, json, os, pkgutil, sys
+    import vllm  # a vLLM process: what the hooks act on is already imported
+    env = dict(os.environ)
+    meta_path = list(sys.meta_path)
+    import speculators_compat
+    from speculators_compat import registry
+    after_package = {"applied": registry.applied(), "hooks": len(sys.meta_path) - len(meta_path),
+                     "env": sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))}
+    env, meta_path = dict(os.environ), list(sys.meta_path)
+    names = [m.name for m in pkgutil.walk_packages(speculators_compat.__path__, "speculators_compat.")
+             if not m.name.endswith("__main__")]
+    for name in names:
+        importlib.import_module(name)
+    print(json.dumps({
+        "modules": len(names), "after_package": after_package, "applied": registry.applied(),
+        "hooks": [repr(f) for f in sys.meta_path if f not in meta_path],
+        "env": sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)),
+    }))
+    """
+    off = run_python(code, env={"SPECULATORS_COMPAT_AUTO": "0"})
+    assert off["modules"] > 50
+    assert off["after_package"] == {"applied": [], "hooks": 0, "env": []}
+    assert (off["applied"], off["hooks"], off["env"]) == ([], [], [])
+    on = run_python(code, env={"SPECULATORS_COMPAT_AUTO": None})
+    assert on["after_package"]["applied"], "activation applied nothing: the comparison would prove nothing"
+    assert on["applied"] == on["after_package"]["applied"]
+    assert (on["hooks"], on["env"]) == ([], [])

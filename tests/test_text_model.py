@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from speculators_compat import text_model
+from speculators_compat.oracle.reference import is_multimodal_wrapper
 from speculators_compat.pipeline.model_info import inspect_model
-from speculators_compat.reference import is_multimodal_wrapper
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"num_hidden_layers": 3, "hidden_size": 64, "vocab_size": 100}

@@ -39,7 +39,7 @@ MD_OUT = DOCS / "drift-map.md"
 OLDEST = Version("0.11.0")
 PYTHON = "3.11"
 
-#: Cell codes, one per doctor state (speculators_compat.doctor.STATES).
+#: Cell codes, one per doctor state (speculators_compat.diagnose.doctor.STATES).
 CODES = {"matches": "=", "shimmed": "S", "UNCOVERED": "**U**", "absent": "-", "unknown": "?"}
 
 

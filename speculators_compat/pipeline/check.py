@@ -11,7 +11,7 @@ def check_against_reference(run: RunFolder, samples: int = 3) -> float:
     """Worst relative error over the first ``samples`` files and every captured layer."""
     import torch
 
-    from ..reference import ReferenceModel, relative_error
+    from ..oracle.reference import ReferenceModel, relative_error
 
     config = json.loads((run.hidden_states / "data_config.json").read_text())
     layer_ids = config["hidden_states"]["layer_ids"]

@@ -335,7 +335,7 @@ def register(main) -> None:
         from .check import check_against_reference
 
         worst = check_against_reference(run, samples=3)
-        from ..reference import TOLERANCE
+        from ..oracle.reference import TOLERANCE
 
         click.echo(
             f"  states vs transformers (3 samples, all captured layers): worst relative error {worst:.1e} "
@@ -441,7 +441,7 @@ def register_preflight(main) -> None:
 
         Prints what changed, what ran (with each step's real error if it failed) and the shims
         applied; exits 1 when a step failed."""
-        from ..preflight import run_preflight
+        from ..diagnose.preflight import run_preflight
 
         _logging(quiet=True)
         t0 = time.perf_counter()

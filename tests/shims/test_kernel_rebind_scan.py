@@ -15,7 +15,7 @@ import json, os
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 import numba  # llvmlite's ctypes wrappers are now in sys.modules
 import speculators_compat
-from speculators_compat.layer_probe import VllmLayerProbe
+from speculators_compat.oracle.layer_probe import VllmLayerProbe
 from speculators_compat.tiny import build
 try:
     probe = VllmLayerProbe(build("llama-tiny"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speculators_compat.reference import TOLERANCE
+from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.shims.kv_cache_layout import SHIM, probe
 from tests.helpers import run_generator
 from tests.shims.conftest import needs_claim

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speculators_compat.reference import TOLERANCE
+from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.shims.multimodal_text_only import SHIM
 from tests.conftest import unsupported_reason
 from tests.helpers import run_generator

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from speculators_compat.reference import TOLERANCE
+from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.shims.token_attribution import SHIM
 from tests.helpers import run_generator
 from tests.shims.conftest import needs_claim

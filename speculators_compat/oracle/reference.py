@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .text_model import WEIGHTS_PREFIX, is_wrapper, read_config, text_config
+from ..text_model import WEIGHTS_PREFIX, is_wrapper, read_config, text_config
 
 __all__ = ["TOLERANCE", "ReferenceModel", "relative_error"]
 

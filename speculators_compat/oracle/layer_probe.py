@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from . import cpu_mla
-from .capture import CaptureState
+from .. import cpu_mla
+from ..capture import CaptureState
 from .reference import is_multimodal_wrapper
 
 __all__ = ["VllmLayerProbe", "cpu_engine_env"]
@@ -42,7 +42,7 @@ class VllmLayerProbe:
             raise RuntimeError("VllmLayerProbe needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (in-process engine)")
         from vllm import LLM
 
-        from .shims.cpu_attention_block_size import cpu_block_size
+        from ..shims.cpu_attention_block_size import cpu_block_size
 
         kwargs = dict(
             model=str(model_dir),
@@ -60,7 +60,7 @@ class VllmLayerProbe:
         )
         if is_multimodal_wrapper(model_dir):
             # text only: every media input limited to 0, so vLLM skips the vision tower
-            from .shims.multimodal_text_only import MODALITIES
+            from ..shims.multimodal_text_only import MODALITIES
 
             kwargs["limit_mm_per_prompt"] = {m: 0 for m in MODALITIES}
         mla = cpu_mla.apply(cpu_mla.choose(model_dir))

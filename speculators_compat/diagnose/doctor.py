@@ -111,7 +111,7 @@ def call_drift(path: str, given: tuple[str, ...]) -> Callable[[], str | None]:
 
 def exists(path: str) -> Callable[[], str | None]:
     def check() -> str | None:
-        from .shim import provided_by
+        from ..shim import provided_by
 
         try:
             resolve(path)
@@ -132,8 +132,8 @@ def shim_probe(name: str, evidence: str) -> Callable[[], str | None]:
     of it is patched."""
 
     def check() -> str | None:
-        from .registry import status
-        from .shims import BY_NAME
+        from ..registry import status
+        from ..shims import BY_NAME
 
         found = next(s for s in status() if s.shim.name == name)
         drift = found.drift
@@ -453,7 +453,7 @@ WORKER_CALLS = [
 def _speculators_imports() -> str | None:
     """With the shims applied, speculators' generator and worker modules import (a name they
     import from vLLM that is gone and no shim provides fails here)."""
-    from .shims._targets import GENERATOR, WORKER
+    from ..shims._targets import GENERATOR, WORKER
 
     for name in (GENERATOR, WORKER):
         try:
@@ -481,7 +481,7 @@ def points() -> list[Point]:
 def shim_points(named: list[Point]) -> list[Point]:
     """One point per shim that no API point names: its own probe, so that every drift a shim
     fixes shows in ``doctor``."""
-    from .shims import SHIMS
+    from ..shims import SHIMS
 
     covered = {name for point in named for name in point.shims}
     return [
@@ -498,10 +498,10 @@ def shim_points(named: list[Point]) -> list[Point]:
 
 def diagnose() -> list[Finding]:
     """Apply the shims (importing vLLM and speculators, loading no model) and check every point."""
-    from .cpu_alias import ensure_vllm_cpu_alias
+    from ..cpu_alias import ensure_vllm_cpu_alias
 
     ensure_vllm_cpu_alias()
-    from .registry import apply_now
+    from ..registry import apply_now
 
     applied = {s.shim.name for s in apply_now() if s.state == "applied"}
     findings = []

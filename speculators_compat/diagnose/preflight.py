@@ -19,10 +19,10 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .pipeline.errors import PipelineError
-from .text_model import is_wrapper, text_config
+from ..pipeline.errors import PipelineError
+from ..text_model import is_wrapper, text_config
 
-log = logging.getLogger("speculators_compat.preflight")
+log = logging.getLogger("speculators_compat.diagnose.preflight")
 
 #: Size keys cut to the tiny recipe's value (when the real config has them and they are set).
 SIZE_KEYS = (
@@ -78,7 +78,7 @@ class Shrunk:
 
 def shrink(config: dict, source: str = "config.json") -> Shrunk:
     """The tiny-builder recipe for ``config`` (a real ``config.json`` as a dict)."""
-    from .tiny import load_recipe
+    from ..tiny import load_recipe
 
     architectures = config.get("architectures") or []
     if not architectures:
@@ -165,11 +165,11 @@ class Report:
 
 def run_preflight(config_path: str | Path, *, out: Path | None = None, samples: int = 4) -> Report:
     """Build the shrunken model and run prepare, extract, vocab and one training step."""
-    from .pipeline.layout import RunFolder
-    from .pipeline.runner import RunSettings, claim, run_stages
-    from .pipeline.train import TrainOptions
-    from .registry import applied
-    from .tiny import build_recipe, chat_dataset_path
+    from ..pipeline.layout import RunFolder
+    from ..pipeline.runner import RunSettings, claim, run_stages
+    from ..pipeline.train import TrainOptions
+    from ..registry import applied
+    from ..tiny import build_recipe, chat_dataset_path
 
     path = Path(config_path).expanduser()
     try:
