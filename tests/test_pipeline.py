@@ -275,6 +275,8 @@ def test_torchrun_two_processes_on_cpu(demo_run, tmp_path):
             sys.executable,
             "-m",
             "torch.distributed.run",
+            # a free port, not 29500 (another test worker may run torchrun at the same time)
+            "--standalone",
             "--nproc_per_node",
             "2",
             "-m",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -90,3 +91,18 @@ def test_every_shim_is_proven_in_ci():
     suite = tiers._shims_in(suite_release())
     for shim in SHIMS:
         assert shim.name in suite or f"tests/shims/test_{shim.name}.py" in selected, shim.name
+
+
+def test_the_suite_runs_on_one_worker_per_cpu_unless_the_command_line_chooses(monkeypatch):
+    """`python -m tests.tiers` adds xdist's workers (one per CPU, each pinned by conftest.py);
+    an explicit choice on the command line, or the override variable, stands."""
+    from tests import tiers
+
+    monkeypatch.setenv("SPECULATORS_COMPAT_TEST_WORKERS", "3")
+    assert tiers.parallel_args(["-k", "engine"]) == ["-n", "3", "--dist", "loadfile"]
+    for chosen in (["-n", "0"], ["-n0"], ["--numprocesses=2"], ["-p", "no:xdist"], ["--dist", "load"]):
+        assert tiers.parallel_args(chosen) == [], chosen
+    monkeypatch.setenv("SPECULATORS_COMPAT_TEST_WORKERS", "1")
+    assert tiers.parallel_args([]) == []
+    monkeypatch.delenv("SPECULATORS_COMPAT_TEST_WORKERS")
+    assert 1 <= tiers.workers() <= min(4, len(os.sched_getaffinity(0)))

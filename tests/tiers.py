@@ -120,6 +120,25 @@ def pytest_args(mode: str, release: Release) -> list[str]:
     return ci_paths(release)
 
 
+def workers() -> int:
+    """pytest-xdist workers: one per CPU this process may use, at most one per 6 GiB of memory
+    (a worker may hold a vLLM engine, its forkserver and a fresh interpreter), at most 4;
+    ``SPECULATORS_COMPAT_TEST_WORKERS`` overrides. ``tests/conftest.py`` pins each to its CPUs."""
+    if os.environ.get("SPECULATORS_COMPAT_TEST_WORKERS"):
+        return max(1, int(os.environ["SPECULATORS_COMPAT_TEST_WORKERS"]))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min(cpus, int(memory_gib // 6), 4))
+
+
+def parallel_args(rest: list[str]) -> list[str]:
+    """``-n N --dist loadfile`` (a file's tests, and its module-scoped engines, stay on one
+    worker), unless the command line already chooses (``-n``, ``-p no:xdist``)."""
+    chosen = any(arg.startswith(("-n", "--numprocesses", "--dist")) or arg == "no:xdist" for arg in rest)
+    count = workers()
+    return [] if chosen or count < 2 else ["-n", str(count), "--dist", "loadfile"]
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in ("ci", "all"):
         raise SystemExit(__doc__)
@@ -127,7 +146,7 @@ def main(argv: list[str]) -> None:
     show = "--print" in rest
     rest = [arg for arg in rest if arg != "--print"]
     release = installed_release()
-    command = [sys.executable, "-m", "pytest", *pytest_args(mode, release), *rest]
+    command = [sys.executable, "-m", "pytest", *pytest_args(mode, release), *parallel_args(rest), *rest]
     print(f"tests.tiers: vLLM {release.minor}, {mode}: {' '.join(command[2:])}", flush=True)
     if not show:
         os.execv(sys.executable, command)

@@ -36,7 +36,9 @@ def _torchrun(tmp_path: Path, disable: str) -> list[dict]:
     script = tmp_path / "setup.py"
     script.write_text(SCRIPT)
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), str(tmp_path)],
+        # --standalone: a free port, not 29500 (another test worker may run torchrun at the same time)
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + [str(script), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
