@@ -1,7 +1,8 @@
 """What pytest runs in a tox env, derived from :mod:`speculators_compat.releases`.
 
     python -m tests.tiers ci  [pytest args]   # the release's CI tier (tox's ci-vllmX.Y envs)
-    python -m tests.tiers all [pytest args]   # the whole suite (tox's vllmX.Y envs)
+    python -m tests.tiers all [pytest args]   # the whole suite (tox's vllmX.Y envs), on a
+                                              # pytest-xdist worker per CPU (parallel_args)
     python -m tests.tiers ci --print          # print the pytest command instead of running it
 
 The release is the installed vLLM's. The tiers are described in ``releases.CI_TIERS``; a shim's
@@ -146,7 +147,11 @@ def main(argv: list[str]) -> None:
     show = "--print" in rest
     rest = [arg for arg in rest if arg != "--print"]
     release = installed_release()
-    command = [sys.executable, "-m", "pytest", *pytest_args(mode, release), *parallel_args(rest), *rest]
+    # The whole suite on xdist's workers; a CI tier in one process: a tier is a few files, one
+    # of which takes most of the time (0.22's tier took 8.4 min on 2 workers, its serving file
+    # alone on one worker's CPU, against 6.9 in one process on both CPUs; 2026-12-06).
+    workers = parallel_args(rest) if mode == "all" else []
+    command = [sys.executable, "-m", "pytest", *pytest_args(mode, release), *workers, *rest]
     print(f"tests.tiers: vLLM {release.minor}, {mode}: {' '.join(command[2:])}", flush=True)
     if not show:
         os.execv(sys.executable, command)
