@@ -7,7 +7,9 @@ Each is timed as a user runs it, in this env (a tox env's Python), on this machi
   empty ``-X pycache_prefix``, as where nothing was compiled and ``PYTHONDONTWRITEBYTECODE`` is
   set), and the ratio;
 - one shim's test file (``pytest FILE``), the median of ``--repeats`` runs;
-- the whole suite in this env (``--suite``), once, with pytest's slowest tests;
+- the whole suite in this env (``--suite``), once as the tox envs run it (``python -m tests.tiers
+  all``: one pytest-xdist worker per CPU), with pytest's slowest tests, then once in one process,
+  and the ratio;
 - ``tox`` itself, what CI runs (``--tox``, from the checkout; tox must be on PATH), once.
 
     python benchmarks/suite_time.py [--shim-test tests/shims/test_scheduler_block_size.py]
@@ -99,9 +101,12 @@ def main() -> int:
     )
 
     if args.suite:
-        wall, output = run(pytest_args())
-        line("the whole suite (pytest, this env)", wall, GOALS["suite"])
+        # as every tox env runs it (one pytest-xdist worker per CPU), then in one process
+        wall, output = run([sys.executable, "-m", "tests.tiers", "all", "-q", "-p", "no:cacheprovider"])
+        line("the whole suite (python -m tests.tiers all)", wall, GOALS["suite"])
         print(slowest(output))
+        single = timed(pytest_args("-p", "no:xdist"))
+        line("  the same in one process (-p no:xdist)", single, extra=f"  RATIO {wall / single:.2f}")
     if args.tox:
         tox = shutil.which("tox")
         if tox is None:
