@@ -150,8 +150,8 @@ def main(argv: list[str]) -> None:
     # The whole suite on xdist's workers; a CI tier in one process: a tier is a few files, one
     # of which takes most of the time (the serving tier took 8.4 min on 2 workers, its serving
     # file alone on one worker's CPU, against 6.9 in one process on both CPUs; 2026-12-06).
-    workers = parallel_args(rest) if mode == "all" else []
-    command = [sys.executable, "-m", "pytest", *pytest_args(mode, release), *workers, *rest]
+    parallel = parallel_args(rest) if mode == "all" else []
+    command = [sys.executable, "-m", "pytest", *pytest_args(mode, release), *parallel, *rest]
     print(f"tests.tiers: vLLM {release.minor}, {mode}: {' '.join(command[2:])}", flush=True)
     if not show:
         os.execv(sys.executable, command)
