@@ -7,13 +7,20 @@ Each is timed as a user runs it, in this env (a tox env's Python), on this machi
   empty ``-X pycache_prefix``, as where nothing was compiled and ``PYTHONDONTWRITEBYTECODE`` is
   set), and the ratio;
 - one shim's test file (``pytest FILE``), the median of ``--repeats`` runs;
+- an ablation that starts speculators' generator with the shim off and on (``--spawn-test``), the
+  median of ``--repeats`` runs, then the same with the tests' spawned processes real
+  (``SPECULATORS_COMPAT_TEST_SPAWN=0``: each vLLM CPU worker a new interpreter importing torch and
+  vLLM, instead of a fork of the harness's pre-imported child, tests/forkserver.py), and the ratio;
 - the whole suite in this env (``--suite``), once as the tox envs run it (``python -m tests.tiers
   all``: one pytest-xdist worker per CPU), with pytest's slowest tests, then once in one process,
   and the ratio;
+- the whole suite on the workers with spawns real (``--spawn``), against it with the harness's
+  spawns, in one run, and the ratio;
 - ``tox`` itself, what CI runs (``--tox``, from the checkout; tox must be on PATH), once.
 
     python benchmarks/suite_time.py [--shim-test tests/shims/test_scheduler_block_size.py]
-                                    [--repeats 3] [--suite] [--tox]
+                                    [--spawn-test tests/shims/test_token_attribution.py]
+                                    [--repeats 3] [--suite] [--spawn] [--tox]
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import tempfile
 import time
 
 from _common import ROOT, header
+
+from tests.forkserver import SPAWN_ENV  # "0": the tests' spawned processes are real interpreters
 
 #: The goals (issue 13), in seconds, for a 2-core machine without a GPU.
 GOALS = {"shim test": 15, "suite": 8 * 60, "tox": 30 * 60}
@@ -82,8 +91,12 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shim-test", default="tests/shims/test_scheduler_block_size.py")
+    parser.add_argument("--spawn-test", default="tests/shims/test_token_attribution.py")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--suite", action="store_true", help="time the whole suite in this env")
+    parser.add_argument(
+        "--spawn", action="store_true", help="time the whole suite with real spawns and with the harness's"
+    )
     parser.add_argument("--tox", action="store_true", help="time `tox` (what CI runs)")
     args = parser.parse_args()
     header("time to validate a patch", "one shim's test <= 15 s, suite <= 8 min, tox <= 30 min")
@@ -100,6 +113,29 @@ def main() -> int:
         extra="  (runs: " + ", ".join(f"{r:.1f}" for r in runs) + ")",
     )
 
+    real = {**os.environ, SPAWN_ENV: "0"}
+    ours = [timed(pytest_args(args.spawn_test)) for _ in range(args.repeats)]
+    line(
+        f"pytest {args.spawn_test}",
+        statistics.median(ours),
+        extra="  (runs: " + ", ".join(f"{r:.1f}" for r in ours) + ")",
+    )
+    spawned = [timed(pytest_args(args.spawn_test), real) for _ in range(args.repeats)]
+    line(
+        "  the same, spawned processes real",
+        statistics.median(spawned),
+        extra=f"  RATIO {statistics.median(ours) / statistics.median(spawned):.2f}"
+        + "  (runs: "
+        + ", ".join(f"{r:.1f}" for r in spawned)
+        + ")",
+    )
+
+    if args.spawn:
+        suite = [sys.executable, "-m", "tests.tiers", "all", "-q", "-p", "no:cacheprovider"]
+        ours = timed(suite)
+        line("the whole suite (python -m tests.tiers all)", ours, GOALS["suite"])
+        spawned = timed(suite, real)
+        line("  the same, spawned processes real", spawned, extra=f"  RATIO {ours / spawned:.2f}")
     if args.suite:
         # as every tox env runs it (one pytest-xdist worker per CPU), then in one process
         wall, output = run([sys.executable, "-m", "tests.tiers", "all", "-q", "-p", "no:cacheprovider"])

@@ -21,6 +21,9 @@ Hugging Face cache paths) are the session's, and every child has the server's st
 (a fresh interpreter draws its own), so a test that depends on those must start a real process
 (``fresh(..., fork=False)``). ``SPECULATORS_COMPAT_TEST_FORK=0`` turns the server off.
 
+A child's ``spawn`` processes (vLLM's CPU workers) start from a fork of the child as it was before
+its request ran (``_serve_spawns``), not from a new interpreter.
+
     python -m tests.forkserver SOCKET   # started by tests.helpers.fresh(); not by hand
 """
 
@@ -61,6 +64,10 @@ PRELOAD_SPECULATORS = (
     "speculators.train.trainer",
 )
 HEADER = struct.Struct("!I")
+#: "0" in a request's environment: its spawned processes are real interpreters (_serve_spawns).
+SPAWN_ENV = "SPECULATORS_COMPAT_TEST_SPAWN"
+#: The key of a spawn's preparation data that carries its parent's environment.
+ENVIRON = "speculators_compat_tests_environ"
 
 
 def _preload() -> list[str]:
@@ -139,6 +146,8 @@ def _child(request: dict, fds: list[int]) -> None:
         os.environ.update(request["env"])
         unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
         sys.stdout.reconfigure(write_through=unbuffered)
+        if os.environ.get(SPAWN_ENV, "1") != "0":
+            _serve_spawns()
         main = types.ModuleType("__main__")
         sys.modules["__main__"] = main
         argv = request["argv"]
@@ -168,6 +177,78 @@ def _child(request: dict, fds: list[int]) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _serve_spawns() -> None:
+    """Let this child's ``spawn`` processes (vLLM's CPU workers) start from a fork of itself as it
+    is now, before its request runs: never having imported ``speculators_compat``, torch and vLLM
+    imported, the request's environment.
+
+    vLLM's CPU platform always starts its workers with ``spawn``; each re-imports torch and vLLM
+    (5-6 s on one CPU) before it builds a model. Here a helper forked now runs Python's own fork
+    server (``multiprocessing.forkserver.main``), and this child's ``spawn`` processes go through
+    it as ``forkserver`` processes do: the worker prepares as a spawned one does (``sys.path``,
+    working directory, ``__main__`` imported as ``__mp_main__``, so the shims come from the user's
+    import or vLLM's plugin, as in a spawned worker), with the environment the parent has when it
+    starts it (vLLM sets the worker's OpenMP settings there), and runs ``atexit`` handlers at exit;
+    its pid, exit code and sentinel behave as a spawned process's. Only modules preloaded by this
+    server differ from a spawned interpreter's (imported once, before the request's settings).
+    ``SPECULATORS_COMPAT_TEST_SPAWN=0`` in a request's environment leaves its spawns real.
+    """
+    import multiprocessing.context as mp_context
+    from multiprocessing import connection, forkserver, spawn
+
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)
+    os.chmod(address, 0o600)
+    listener.listen()
+    alive_r, alive_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the helper: lives until the child exits (its end of the pipe closes)
+        code = 0
+        try:
+            os.close(alive_w)
+            _prepare_as_spawned(spawn)
+            forkserver.main(listener.fileno(), alive_r, [])
+        except SystemExit:
+            pass
+        except BaseException:  # noqa: BLE001 (the child's spawns then fail and say so)
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    listener.close()
+    os.close(alive_r)
+    server = forkserver._forkserver
+    server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+    get_preparation_data = spawn.get_preparation_data
+
+    def with_environment(name):
+        return {**get_preparation_data(name), ENVIRON: dict(os.environ)}
+
+    spawn.get_preparation_data = with_environment
+    mp_context.SpawnProcess._Popen = staticmethod(mp_context.ForkServerProcess._Popen)
+
+
+def _prepare_as_spawned(spawn: types.ModuleType) -> None:
+    """In the helper: each forked process takes its parent's environment before it prepares,
+    and runs ``atexit`` handlers when its target returns, as a spawned interpreter does."""
+    prepare, main = spawn.prepare, spawn._main
+
+    def prepare_with_environment(data):
+        environ = data.pop(ENVIRON, None)
+        if environ is not None:
+            os.environ.clear()
+            os.environ.update(environ)
+        prepare(data)
+
+    def main_with_exit(fd, parent_sentinel=None):
+        code = main(fd, parent_sentinel)
+        atexit._run_exitfuncs()
+        return code
+
+    spawn.prepare, spawn._main = prepare_with_environment, main_with_exit
 
 
 def serve(path: str) -> None:
