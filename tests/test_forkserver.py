@@ -10,7 +10,14 @@ import time
 
 import pytest
 
-from tests.helpers import fresh
+from tests.forkserver import SPAWN_ENV
+from tests.helpers import _forkserver_socket, fresh
+
+
+def _needs_the_fork_server() -> None:
+    if _forkserver_socket() is None:
+        pytest.skip("the fork server is off ($SPECULATORS_COMPAT_TEST_FORK=0, or CUDA is usable)")
+
 
 SPAWNED = """
 import atexit, json, multiprocessing, os, signal, sys, time
@@ -54,9 +61,11 @@ def test_a_spawned_process_starts_as_a_spawned_interpreter_does(tmp_path, forked
     parent has when it starts it, has not imported ``speculators_compat`` before its target runs,
     runs ``atexit`` handlers, and reports exit codes and signals; through the helper it starts
     without importing torch again."""
+    if forked:
+        _needs_the_fork_server()
     script = tmp_path / "spawner.py"
     script.write_text(SPAWNED)
-    env = {**os.environ, "SPECULATORS_COMPAT_TEST_SPAWN": "1" if forked else "0"}
+    env = {**os.environ, SPAWN_ENV: "1" if forked else "0"}
     proc = fresh([str(script), str(tmp_path / "report.json")], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.splitlines()[-1])
@@ -75,6 +84,7 @@ def test_a_spawned_process_starts_as_a_spawned_interpreter_does(tmp_path, forked
 def test_a_spawned_process_of_a_process_that_timed_out_goes_with_it(tmp_path):
     """The helper and what it forks are in the child's process group: a test's timeout kills
     them too (no worker outlives its test)."""
+    _needs_the_fork_server()
     script = tmp_path / "hang.py"
     script.write_text(
         "import multiprocessing, os, time\n"
@@ -87,7 +97,7 @@ def test_a_spawned_process_of_a_process_that_timed_out_goes_with_it(tmp_path):
         "    proc.join()\n"
     )
     with pytest.raises(subprocess.TimeoutExpired):
-        fresh([str(script)], timeout=5)
+        fresh([str(script)], timeout=10)
     pid = int((tmp_path / "pid").read_text())
     for _ in range(50):
         try:
