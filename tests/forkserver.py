@@ -68,6 +68,9 @@ HEADER = struct.Struct("!I")
 SPAWN_ENV = "SPECULATORS_COMPAT_TEST_SPAWN"
 #: The key of a spawn's preparation data that carries its parent's environment.
 ENVIRON = "speculators_compat_tests_environ"
+#: The helper speaks Python's fork-server protocol as the suite's Pythons (3.10-3.12) have it;
+#: later ones change it (3.14 authenticates the socket): there the spawns stay real.
+SPAWNS_SERVED = sys.version_info < (3, 13)
 
 
 def _preload() -> list[str]:
@@ -146,7 +149,7 @@ def _child(request: dict, fds: list[int]) -> None:
         os.environ.update(request["env"])
         unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
         sys.stdout.reconfigure(write_through=unbuffered)
-        if os.environ.get(SPAWN_ENV, "1") != "0":
+        if os.environ.get(SPAWN_ENV, "1") != "0" and SPAWNS_SERVED:
             _serve_spawns()
         main = types.ModuleType("__main__")
         sys.modules["__main__"] = main

@@ -10,13 +10,15 @@ import time
 
 import pytest
 
-from tests.forkserver import SPAWN_ENV
+from tests.forkserver import SPAWN_ENV, SPAWNS_SERVED
 from tests.helpers import _forkserver_socket, fresh
 
 
 def _needs_the_fork_server() -> None:
     if _forkserver_socket() is None:
         pytest.skip("the fork server is off ($SPECULATORS_COMPAT_TEST_FORK=0, or CUDA is usable)")
+    if not SPAWNS_SERVED:
+        pytest.skip("this Python's fork-server protocol is not the helper's (3.10-3.12)")
 
 
 SPAWNED = """

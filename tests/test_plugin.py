@@ -27,11 +27,16 @@ def test_spawned_workers_capture_through_the_plugin_and_fail_without_it():
     # speculators 0.3.0's own capture, which refuses DeepSeek.
     without = run_generator("deepseek-v3-tiny", 4, env={**SPAWN, "VLLM_PLUGINS": "no_such_plugin"})
     assert not without["ok"]
-    # the worker's own error, as speculators' capture meets it (0.32: DeepSeek passes the gate)
+    # the worker's own error, as speculators' capture meets it (0.32: DeepSeek passes the gate,
+    # and under transformers 5 speculators does not even import there without the shims), or
+    # vLLM's generic one; a worker that logs its failure and returns (vLLM's worker_main) exits with
+    # code 0, and where it has exited by the time the driver looks (fast where the worker does not
+    # tear down a whole interpreter: a fork, the harness's spawn helper), the caller is told so.
     assert (
         "does not support hidden state extraction" in without["message"]
         or "get_input_embeddings" in without["message"]
         or "WorkerProc initialization failed" in without["message"]
+        or "died while starting: rank 0" in without["message"]
     ), without["message"]
 
 
