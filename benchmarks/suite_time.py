@@ -81,6 +81,10 @@ def pytest_args(*args: str) -> list[str]:
     return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
 
 
+def listed(runs: list[float]) -> str:
+    return "  (runs: " + ", ".join(f"{r:.1f}" for r in runs) + ")"
+
+
 def line(what: str, seconds: float, goal: float | None = None, extra: str = "") -> None:
     verdict = "" if goal is None else f"  (goal <= {goal:.0f} s: {'met' if seconds <= goal else 'MISSED'})"
     print(f"   {what:<44} {seconds:8.1f} s{verdict}{extra}", flush=True)
@@ -110,7 +114,7 @@ def main() -> int:
         f"pytest {args.shim_test}",
         statistics.median(runs),
         GOALS["shim test"],
-        extra="  (runs: " + ", ".join(f"{r:.1f}" for r in runs) + ")",
+        extra=listed(runs),
     )
 
     real = {**os.environ, SPAWN_ENV: "0"}
@@ -118,27 +122,25 @@ def main() -> int:
     line(
         f"pytest {args.spawn_test}",
         statistics.median(ours),
-        extra="  (runs: " + ", ".join(f"{r:.1f}" for r in ours) + ")",
+        extra=listed(ours),
     )
     spawned = [timed(pytest_args(args.spawn_test), real) for _ in range(args.repeats)]
     line(
         "  the same, spawned processes real",
         statistics.median(spawned),
-        extra=f"  RATIO {statistics.median(ours) / statistics.median(spawned):.2f}"
-        + "  (runs: "
-        + ", ".join(f"{r:.1f}" for r in spawned)
-        + ")",
+        extra=f"  RATIO {statistics.median(ours) / statistics.median(spawned):.2f}" + listed(spawned),
     )
 
+    # the whole suite as every tox env runs it (one pytest-xdist worker per CPU)
+    suite = [sys.executable, "-m", "tests.tiers", "all", "-q", "-p", "no:cacheprovider"]
     if args.spawn:
-        suite = [sys.executable, "-m", "tests.tiers", "all", "-q", "-p", "no:cacheprovider"]
         ours = timed(suite)
         line("the whole suite (python -m tests.tiers all)", ours, GOALS["suite"])
         spawned = timed(suite, real)
         line("  the same, spawned processes real", spawned, extra=f"  RATIO {ours / spawned:.2f}")
     if args.suite:
-        # as every tox env runs it (one pytest-xdist worker per CPU), then in one process
-        wall, output = run([sys.executable, "-m", "tests.tiers", "all", "-q", "-p", "no:cacheprovider"])
+        # as the tox envs run it, then in one process
+        wall, output = run(suite)
         line("the whole suite (python -m tests.tiers all)", wall, GOALS["suite"])
         print(slowest(output))
         single = timed(pytest_args("-p", "no:xdist"))
