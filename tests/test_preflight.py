@@ -31,6 +31,17 @@ def test_shrink_keeps_the_class_path_and_cuts_the_sizes(name):
         assert recipe["wrapper"]["text_model_type"] == real["model_type"]
 
 
+@pytest.mark.parametrize("name", ["deepseek-v3-config.json", "kimi-k25-config.json"])
+def test_shrink_warns_that_vllm_ignores_rope_interleave_false(name):
+    config = json.loads((CONFIGS / name).read_text())
+    assert not any("rope_interleave" in w for w in shrink(config).warnings)
+    text = config.get("text_config", config)
+    text["rope_interleave"] = False
+    assert any("rope_interleave: false, which vLLM ignores" in w for w in shrink(config).warnings)
+    text["rope_interleave"] = True
+    assert not any("rope_interleave" in w for w in shrink(config).warnings)
+
+
 def test_preflight_deepseek_v3_like(tmp_path):
     # as on a developer's CPU machine: nothing of vLLM's exported (MLA, KV cache: the tool chooses)
     unset = {"VLLM_CPU_KVCACHE_SPACE": None, "VLLM_MLA_DISABLE": None}

@@ -26,10 +26,11 @@ API = (
     "tests/test_releases.py",
     "tests/test_drift_map.py",
 )
-#: One real engine through speculators' own generator, states against the transformers oracle.
+#: One real engine through speculators' own generator, states against the transformers oracle,
+#: on DeepSeek-V3 weights whose attention depends on positions (float32 bound for sharp weights).
 ORACLE = (
     "tests/test_generator.py::test_states_match_the_oracle_with_chunked_prefill_and_more_than_"
-    "32_sequences[deepseek-v3-tiny]",
+    "32_sequences[deepseek-v3-tiny-sharp]",
 )
 CORE = ("tests/test_engine.py", "tests/test_generator.py", "tests/test_capture.py")
 SERVING = ("tests/test_serving.py",)

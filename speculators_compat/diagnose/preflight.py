@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..pipeline.errors import PipelineError
-from ..text_model import is_wrapper, text_config
+from ..text_model import ignored_rope_interleave, is_wrapper, text_config
 
 log = logging.getLogger("speculators_compat.diagnose.preflight")
 
@@ -100,6 +100,9 @@ def shrink(config: dict, source: str = "config.json") -> Shrunk:
             result.warnings.append(
                 f"quantization dropped ({where}: {method}): the shrunken model is random and full precision"
             )
+    interleave = ignored_rope_interleave(config)
+    if interleave:
+        result.warnings.append(interleave)
     text_arch = (text.get("architectures") or [arch])[0] if wrapped else arch
     real_type = text.get("model_type", "")
     hf_type = TRANSFORMERS_MODEL_TYPE.get(real_type, real_type)

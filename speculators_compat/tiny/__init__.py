@@ -31,6 +31,7 @@ __all__ = [
     "fixtures_dir",
     "list_recipes",
     "load_recipe",
+    "sharpened",
 ]
 
 #: Bump when the builder's output changes for an unchanged recipe (it is part of the cache key).
@@ -95,6 +96,14 @@ def cache_root() -> Path:
     env = os.environ.get("SPECULATORS_COMPAT_CACHE")
     base = Path(env) if env else Path.home() / ".cache" / "speculators_compat"
     return base / "fixtures"
+
+
+def sharpened(name: str) -> bool:
+    """Recipe ``name`` (or, for a wrapper, its text model) scales its attention (``sharpen``):
+    its oracle comparisons hold the float32 bound for sharp weights
+    (:data:`speculators_compat.oracle.reference.SHARP_TOLERANCE`)."""
+    recipe = load_recipe(name)
+    return bool(recipe.get("sharpen") or ("base" in recipe and _base(recipe).get("sharpen")))
 
 
 def _base(recipe: dict) -> dict:
