@@ -32,12 +32,23 @@ TOLERANCE = {"float32": 5e-3, "bfloat16": 5e-2, "float16": 5e-2}
 #: ``sharpen``s, a trained model): measured 1.7e-6 at most (vLLM 0.16, 0.22, 0.32; MLA on and
 #: off). Random weights attend uniformly, so their bound has to leave room for what a wrong
 #: rotation does to them (0.009); on sharp weights a wrong rotary embedding is off by 0.8-1.1.
+#: Not where vLLM computes through intel_extension_for_pytorch (its 0.11 CPU build): those
+#: float32 kernels are less exact, 1.2e-3 to 1.6e-3 on the same weights, and keep ``TOLERANCE``.
 SHARP_TOLERANCE = 1e-4
+
+
+def _ipex_installed() -> bool:
+    """vLLM's CPU build runs its kernels through intel_extension_for_pytorch (0.11 depends on it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("intel_extension_for_pytorch") is not None
 
 
 def tolerance(dtype: str, sharp: bool = False) -> float:
     """The bound for a comparison in ``dtype``; ``sharp``: on weights where positions matter."""
-    return SHARP_TOLERANCE if sharp and dtype == "float32" else TOLERANCE[dtype]
+    if sharp and dtype == "float32" and not _ipex_installed():
+        return SHARP_TOLERANCE
+    return TOLERANCE[dtype]
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
