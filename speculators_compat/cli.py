@@ -100,15 +100,23 @@ def fixtures_build(name: str, dtype: str | None, out: Path | None, force: bool) 
     "--out",
     type=click.Path(path_type=Path),
     default=None,
-    help="Where to write (default: the embedded fixtures/chat/tiny-chat.jsonl).",
+    help="Where to write (default: the embedded fixtures/chat/tiny-chat.jsonl, or tiny-tasks.jsonl).",
 )
-@click.option("-n", "count", default=300, show_default=True, help="Number of conversations.")
-@click.option("--seed", default=0, show_default=True)
-def fixtures_chat(out: Path | None, count: int, seed: int) -> None:
-    """Regenerate the synthetic chat dataset (deterministic for a seed)."""
-    from .tiny import chat, chat_dataset_path
+@click.option("-n", "count", default=None, type=int, help="Number of conversations [default: 300].")
+@click.option("--seed", default=None, type=int, help="[default: 0; with --tasks, 2]")
+@click.option(
+    "--tasks", is_flag=True, help="The task conversations the trained fixtures answer (tiny/tasks.py)."
+)
+def fixtures_chat(out: Path | None, count: int | None, seed: int | None, tasks: bool) -> None:
+    """Regenerate the synthetic chat dataset, or the task dataset (deterministic for a seed)."""
+    from .tiny import TASKS_DATA, chat, chat_dataset_path, tasks_dataset_path
+    from .tiny import tasks as task_rows
 
-    click.echo(chat.write_jsonl(chat.make_conversations(count, seed), out or chat_dataset_path()))
+    if tasks:
+        rows = task_rows.make_conversations(count or TASKS_DATA["n"], TASKS_DATA["seed"] if seed is None else seed)
+        click.echo(chat.write_jsonl(rows, out or tasks_dataset_path()))
+    else:
+        click.echo(chat.write_jsonl(chat.make_conversations(count or 300, seed or 0), out or chat_dataset_path()))
 
 
 @main.command()

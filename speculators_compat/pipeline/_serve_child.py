@@ -74,6 +74,7 @@ def _generate(llm, request, SamplingParams, TokensPrompt) -> dict:
         temperature=0.0,
         max_tokens=request["max_tokens"],
         ignore_eos=not request.get("stop_at_eos", False),
+        logprobs=request.get("logprobs"),
     )
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]]
     # Warm-up (first-call allocations) on a prompt of the set, then the timed pass.
@@ -84,12 +85,27 @@ def _generate(llm, request, SamplingParams, TokensPrompt) -> dict:
     seconds = time.perf_counter() - t0
     after = _spec_counters(llm)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    return {
+    result = {
         "outputs": tokens,
         "seconds": seconds,
         "generated": sum(len(t) for t in tokens),
         "counters": {k: _minus(after[k], before.get(k)) for k in after},
+        "dtype": str(llm.llm_engine.vllm_config.model_config.dtype).removeprefix("torch."),
     }
+    if request.get("logprobs"):
+        # per generated token: the top-1/top-2 logprob gap (= the logit gap) and the gap between
+        # the first and the last of the top logprobs returned (the logits' spread there)
+        result["margins"], result["spreads"] = zip(*[_gaps(o.outputs[0].logprobs) for o in outputs])
+    return result
+
+
+def _gaps(per_token) -> tuple[list[float], list[float]]:
+    margins, spreads = [], []
+    for top in per_token or []:
+        values = sorted((lp.logprob for lp in top.values()), reverse=True)
+        margins.append(values[0] - values[1] if len(values) > 1 else float("inf"))
+        spreads.append(values[0] - values[-1])
+    return margins, spreads
 
 
 def _chat(llm, request, SamplingParams, TokensPrompt) -> dict:

@@ -21,6 +21,7 @@ targets come from) are therefore served with ids ``[a + 1, b + 1, c + 1]``:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -101,7 +102,8 @@ def held_out_samples(run: RunFolder) -> list[int]:
 
 def held_out_windows(run: RunFolder, count: int, into_turn: int) -> list[tuple[int, int, list[int]]]:
     """Up to ``count`` (sample index, cut, token ids) triples: validation samples cut ``into_turn``
-    tokens into their first assistant turn (the verifier continues an answer, the draft's job)."""
+    tokens into their first assistant turn (0: the verifier answers the question, as it does
+    when serving; the draft proposes from its second token on)."""
     import torch
 
     windows = []
@@ -146,7 +148,9 @@ def expected_acceptance(
         states = torch.cat(data["hidden_states"][:-1], dim=-1).float()
         n = len(ids)
         # speculators' alignment (train/data.py shift_batch): position j holds state j and token
-        # j + 1 and predicts token j + 2; padded to the flex-attention block size.
+        # j + 1 and predicts token j + 2; test-time-training step k continues the same position's
+        # chain (core.py align_for_step): its output at j predicts token j + 2 + k. Padded to the
+        # flex-attention block size.
         width = -(-(n - 1) // 128) * 128
         h = torch.zeros(1, width, states.shape[1])
         h[0, : n - 1] = states[:-1]
@@ -161,15 +165,76 @@ def expected_acceptance(
                 ttt_steps=steps,
             )
         proposals = [t[0] + model.d2t[t[0]] for t in tokens]  # in the verifier's vocabulary
-        p, end = cut, min(cut + max_tokens - 1, n - 1 - steps)  # x_p: the newest verified token
+        # x_p: the newest verified token. As vLLM serves (stopping at the end of the answer, the
+        # sample's last token), a draft follows every verification until the sample ends; what it
+        # proposes past the end is never accepted.
+        p, end = cut, min(cut + max_tokens - 1, n - 1)
         while p < end:
             k = 0
-            while k < steps and int(proposals[k][p - 1 + k]) == int(ids[p + 1 + k]):
+            while k < steps and p + 1 + k < n and int(proposals[k][p - 1]) == int(ids[p + 1 + k]):
                 accepted[k] += 1
                 k += 1
             drafts += 1
             p += k + 1
     return drafts, accepted
+
+
+#: Top logprobs the engine without the draft returns per generated token (vLLM's default
+#: ``max_logprobs``): the verifier's own margin where outputs part, and the logits' spread there.
+LOGPROBS = 20
+
+
+@dataclass
+class Divergence:
+    """Where the outputs with and without the draft part for one prompt, and what the verifier
+    (the engine without the draft) thought of that token."""
+
+    prompt: int
+    position: int
+    #: top-1 minus top-2 logprob of the verifier there (None: past the end of its output)
+    margin: float | None
+    #: the largest margin the dtype's rounding can overturn there (:func:`tie_tolerance`)
+    tolerance: float
+
+    @property
+    def tie(self) -> bool:
+        return self.margin is not None and self.margin <= self.tolerance
+
+    def line(self) -> str:
+        margin = "none (past the end of its output)" if self.margin is None else f"{self.margin:.2e}"
+        kind = "numerical tie" if self.tie else "VIOLATION"
+        return f"prompt {self.prompt}, token {self.position}: verifier margin {margin}, tolerance {self.tolerance:.2e}: {kind}"
+
+
+def tie_tolerance(dtype: str, spread: float) -> float:
+    """The largest top-1/top-2 logit gap that rounding can overturn between vLLM's batched
+    verification and its one-token decode: each of the two logits may be off by the dtype's
+    relative error bound on vLLM's states (:data:`~speculators_compat.oracle.reference.TOLERANCE`,
+    measured against transformers) times the logits' scale there, taken as the spread of the
+    verifier's top logprobs."""
+    from ..oracle.reference import TOLERANCE
+
+    return 2 * TOLERANCE.get(dtype, TOLERANCE["bfloat16"]) * spread
+
+
+def divergences(base: dict, spec: dict) -> list[Divergence]:
+    """Each prompt whose greedy output with the draft differs from the one without it."""
+    found = []
+    for i, (a, b) in enumerate(zip(base["outputs"], spec["outputs"], strict=True)):
+        if a == b:
+            continue
+        j = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        margins, spreads = base["margins"][i], base["spreads"][i]
+        inside = j < len(margins)
+        found.append(
+            Divergence(
+                prompt=i,
+                position=j,
+                margin=margins[j] if inside else None,
+                tolerance=tie_tolerance(base["dtype"], spreads[j]) if inside else 0.0,
+            )
+        )
+    return found
 
 
 @dataclass
@@ -194,8 +259,17 @@ class ServeReport:
     expected_drafts: int = 0
     expected_per_position: list[float] = field(default_factory=list)
     mismatched_prompts: list[int] = field(default_factory=list)
+    #: Where outputs part: numerical ties (the verifier's margin within :func:`tie_tolerance`)
+    #: and violations (anything else: the draft changed what the verifier says).
+    ties: list[dict] = field(default_factory=list)
+    violations: list[dict] = field(default_factory=list)
     #: Shims active in the serving engines (fixes of vLLM's own engine bugs only).
     serving_shims: list[str] = field(default_factory=list)
+
+    @property
+    def lossless(self) -> bool:
+        """Greedy outputs identical, or differing only at numerical ties."""
+        return not self.violations
 
     def lines(self) -> list[str]:
         per_pos = " ".join(f"{r:.3f}" for r in self.acceptance_per_position)
@@ -212,8 +286,15 @@ class ServeReport:
             f"mean accepted length {self.mean_accepted_length:.2f} tokens per verifier step",
             f"tokens/s       {self.tokens_per_s_with:.1f} with the draft, {self.tokens_per_s_without:.1f} "
             f"without: {self.speedup:.2f}x",
-            f"lossless       {'yes: greedy outputs identical' if self.identical else 'NO'}"
-            + ("" if self.identical else f" (prompts {self.mismatched_prompts} differ)"),
+            "lossless       "
+            + (
+                "yes: greedy outputs identical"
+                if self.identical
+                else f"yes: outputs differ only at numerical ties ({len(self.ties)} prompts)"
+                if self.lossless
+                else f"NO: {len(self.violations)} prompts differ where the verifier was not tied"
+            ),
+            *(f"  {Divergence(**d).line()}" for d in self.violations + self.ties),
             "engines        plain vLLM; shims kept for vLLM's own bugs: "
             + (", ".join(self.serving_shims) or "none"),
         ]
@@ -280,7 +361,7 @@ def serve_check(
     draft: str | Path | None = None,
     prompts: int = 64,
     max_tokens: int = 32,
-    into_turn: int = 8,
+    into_turn: int = 0,
     num_speculative_tokens: int = 3,
     dtype: str | None = None,
     check_layer_ids: bool = True,
@@ -316,13 +397,15 @@ def serve_check(
         "max_tokens": max_tokens,
         "num_speculative_tokens": num_speculative_tokens,
         "trust_remote_code": True,
+        # Real serving stops at the end of the answer (the verifier's end-of-turn token).
+        "stop_at_eos": True,
     }
     from .model_info import inspect_model
 
     if inspect_model(settings["model"]).wrapper:
         # Text-only serving of a multimodal wrapper (Kimi-K2.5): no image inputs.
         request["limit_mm_per_prompt"] = text_only_limits()
-    base = run_engine(request)
+    base = run_engine({**request, "logprobs": LOGPROBS})
     spec = run_engine({**request, "draft": str(draft)})
     c = spec["counters"]
     drafts = int(c.get("vllm:spec_decode_num_drafts", 0))
@@ -334,7 +417,7 @@ def serve_check(
             "vLLM served the verifier with the draft but counted no drafts "
             f"(spec-decode counters: {c}): speculative decoding did not run."
         )
-    mismatched = [i for i, (a, b) in enumerate(zip(base["outputs"], spec["outputs"], strict=True)) if a != b]
+    parted = divergences(base, spec)
     expected_drafts, expected = expected_acceptance(run, draft, windows, max_tokens, num_speculative_tokens)
     with_s = spec["generated"] / spec["seconds"]
     without_s = base["generated"] / base["seconds"]
@@ -354,10 +437,12 @@ def serve_check(
         tokens_per_s_with=with_s,
         tokens_per_s_without=without_s,
         speedup=with_s / without_s,
-        identical=not mismatched,
+        identical=not parted,
         expected_drafts=expected_drafts,
         expected_per_position=[v / max(expected_drafts, 1) for v in expected],
-        mismatched_prompts=mismatched,
+        mismatched_prompts=[d.prompt for d in parted],
+        ties=[dataclasses.asdict(d) for d in parted if d.tie],
+        violations=[dataclasses.asdict(d) for d in parted if not d.tie],
         serving_shims=serving_shims(),
     )
     return report

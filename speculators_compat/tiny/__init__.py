@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import kimi
-from .parts import make_tokenizer, model_config, random_model, save_generation_config
+from .parts import ROLES, make_tokenizer, model_config, random_model, save_generation_config
 
 __all__ = [
     "BUILDER_VERSION",
@@ -36,6 +36,8 @@ __all__ = [
 
 #: Bump when the builder's output changes for an unchanged recipe (it is part of the cache key).
 BUILDER_VERSION = 1
+#: What a trained fixture's build measured (:mod:`speculators_compat.tiny.train`).
+TRAINING_FILE = "training.json"
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -57,6 +59,16 @@ def fixtures_dir() -> Path:
 def chat_dataset_path() -> Path:
     """The embedded chat dataset (JSONL, ShareGPT-shaped)."""
     return fixtures_dir() / "chat" / "tiny-chat.jsonl"
+
+
+#: The embedded task conversations (:mod:`.tasks`): how many, and their seed, which neither the
+#: trained fixtures' training rows (``train.seed``) nor their held-out rows (``seed + 1``) use.
+TASKS_DATA = {"n": 300, "seed": 2}
+
+
+def tasks_dataset_path() -> Path:
+    """The embedded task dataset (JSONL, ShareGPT-shaped): prompts for the trained fixtures."""
+    return fixtures_dir() / "chat" / "tiny-tasks.jsonl"
 
 
 def list_recipes() -> list[str]:
@@ -203,13 +215,15 @@ def _build_causal_lm(recipe: dict, dtype: str, out: Path) -> None:
     tokenizer = make_tokenizer(recipe)
     config = model_config(recipe, tokenizer, dtype)
     model = random_model(config, recipe.get("seed", 0), recipe.get("sharpen"))
+    if "train" in recipe:
+        from .train import train
+
+        facts = train(model, tokenizer, recipe["train"])
+        (out / TRAINING_FILE).write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
     model.to(getattr(torch, dtype))
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
     save_generation_config(config, out)
-
-
-_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
 def load_chat(path: Path | None = None) -> list[dict]:
@@ -226,6 +240,6 @@ def sample_token_ids(model_dir: Path, n: int, start: int = 0) -> list[list[int]]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=True)
     out = []
     for row in load_chat()[start : start + n]:
-        messages = [{"role": _ROLES[turn["from"]], "content": turn["value"]} for turn in row["conversations"]]
+        messages = [{"role": ROLES[turn["from"]], "content": turn["value"]} for turn in row["conversations"]]
         out.append(list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)))
     return out

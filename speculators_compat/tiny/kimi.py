@@ -121,7 +121,17 @@ def build_kimi_k25(recipe: dict, base: dict, dtype: str, out: Path) -> None:
     wrapper = recipe["wrapper"]
     tokenizer = make_tokenizer(base)
     text = model_config(base, tokenizer, dtype)
-    model = random_model(text, recipe.get("seed", 0), base.get("sharpen"))
+    if "train" in base:
+        # Trained once, as the causal-LM recipe it is (cached); wrapped here.
+        from transformers import AutoModelForCausalLM
+
+        from . import TRAINING_FILE, build_recipe
+
+        trained = build_recipe(base, "float32")
+        model = AutoModelForCausalLM.from_pretrained(str(trained), dtype=torch.float32)
+        (out / TRAINING_FILE).write_text((trained / TRAINING_FILE).read_text())
+    else:
+        model = random_model(text, recipe.get("seed", 0), base.get("sharpen"))
     model.to(getattr(torch, dtype))
     # The text model's weights as save_pretrained writes them: the checkpoint layout (one tensor
     # per expert, as the real Kimi-K2.5 ships), not transformers 5's fused in-memory experts.

@@ -6,13 +6,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import chat
+from . import chat, tasks
 from .tokenizer import STYLES, build_tokenizer
+
+#: ShareGPT's speaker names as chat-template roles.
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
 def make_tokenizer(recipe: dict):
+    """The BPE tokenizer of a recipe: trained on the embedded chat data, and for a recipe that is
+    trained (``train``) on its training conversations too."""
     spec = recipe["tokenizer"]
     corpus = chat.corpus_text(chat.make_conversations())
+    if "train" in recipe:
+        train = recipe["train"]
+        corpus += chat.corpus_text(tasks.make_conversations(train["conversations"], train.get("seed", 0)))
     return build_tokenizer(corpus, vocab_size=spec["vocab_size"], style=spec["style"])
 
 
