@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from speculators_compat.tiny import (
     build,
@@ -131,6 +132,51 @@ def test_embedded_dataset_is_what_the_generator_makes(tmp_path):
     rows = [json.loads(line) for line in fresh.read_text().splitlines()]
     assert len(rows) >= 200
     assert any(sum(t["from"] == "gpt" for t in r["conversations"]) > 1 for r in rows)  # multi-turn
+
+
+def test_embedded_task_dataset_is_what_the_generator_makes(tmp_path):
+    from speculators_compat.tiny import TASKS_DATA, tasks, tasks_dataset_path
+
+    fresh = chat.write_jsonl(tasks.make_conversations(TASKS_DATA["n"], TASKS_DATA["seed"]), tmp_path / "t.jsonl")
+    assert fresh.read_bytes() == tasks_dataset_path().read_bytes()
+    # no prompt of the embedded set is among the trained fixture's training conversations
+    spec = load_recipe("deepseek-v3-tiny-trained")["train"]
+    trained_on = {r["conversations"][0]["value"] for r in tasks.make_conversations(spec["conversations"], spec["seed"])}
+    rows = [json.loads(line) for line in fresh.read_text().splitlines()]
+    held = [r for r in rows if r["conversations"][0]["value"] not in trained_on]
+    assert len(held) >= 0.2 * len(rows)  # (a task space this small repeats: "Tell me about X." has 12)
+
+
+def test_task_answers_follow_from_their_questions():
+    from speculators_compat.tiny import tasks
+
+    for row in tasks.make_conversations(200, 7):
+        question, answer = (t["value"] for t in row["conversations"])
+        if question.startswith("Tell me about "):
+            subject = question.removeprefix("Tell me about ").removesuffix(".")
+            first, second, number = tasks.facts(subject)
+            assert answer.lower().startswith(subject) and f"{first} and {second}" in answer and str(number) in answer
+        elif question.startswith("Count from "):
+            start, stop = (int(w) for w in question.removesuffix(".").split()[2::2])
+            assert answer == ", ".join(map(str, range(start, stop + 1))) + "."
+        elif question.startswith("Repeat after me: "):
+            assert answer == question.removeprefix("Repeat after me: ")
+        else:
+            words = question.removeprefix("How many words are in: ").removesuffix("?").split()
+            assert answer == f"There are {len(words)} words: {', '.join(words)}."
+
+
+def test_a_sharpened_recipe_scales_only_the_query_and_key_projections(built):
+    from safetensors.torch import load_file
+
+    plain = load_file(str(built("deepseek-v3-tiny") / "model.safetensors"))
+    sharp_recipe = load_recipe("deepseek-v3-tiny-sharp")
+    assert sharp_recipe["sharpen"] == 10.0 and sharp_recipe["config"]["rope_scaling"] is None
+    sharp = load_file(str(built("deepseek-v3-tiny-sharp") / "model.safetensors"))
+    scaled = {k for k in plain if not torch.equal(plain[k], sharp[k])}
+    assert scaled == {k for k in plain if k.endswith(("q_b_proj.weight", "kv_a_proj_with_mqa.weight"))}
+    for k in scaled:
+        assert torch.allclose(sharp[k], 10 * plain[k])
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3-tiny", "llama-tiny"])

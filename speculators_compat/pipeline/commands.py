@@ -17,6 +17,9 @@ from .train import TrainOptions
 
 #: Tokens per regenerated assistant turn in the demo (its chat answers are 40-120 tokens).
 DEMO_REGENERATE_TOKENS = 128
+#: The demo's draft training (its 270 training conversations' short answers take 20 epochs to
+#: learn: position-0 acceptance 0.38 after 2, 0.75 after 10, 0.88 after 20; docs/pipeline.md).
+DEMO_EPOCHS = 20
 #: ``demo --verifier``: the fixture recipe, and the function of :mod:`speculators_compat.tiny`
 #: that gives its prompts.
 DEMO_VERIFIERS = {
@@ -299,7 +302,7 @@ def register(main) -> None:
     @click.option(
         "--samples", default=300, show_default=True, help="Conversations of the embedded dataset to use."
     )
-    @click.option("--epochs", default=2, show_default=True)
+    @click.option("--epochs", default=DEMO_EPOCHS, show_default=True)
     @click.option(
         "--verifier",
         type=click.Choice(sorted(DEMO_VERIFIERS)),
@@ -367,8 +370,30 @@ def register(main) -> None:
         why_not = cpu_spec_decode_unsupported()
         if why_not:
             click.echo(f"  serve-check skipped: {why_not}")
-        elif not _serve_check(run):
+            return
+        if not _serve_check(run):
             sys.exit(1)
+        _aux_ablation(run)
+
+
+def _aux_ablation(run: RunFolder) -> None:
+    """The served draft again, its aux layer ids one layer early (speculators' captured ids taken
+    as vLLM's: the off-by-one of vLLM #43671): what acceptance loses."""
+    import json
+    import tempfile
+
+    from .serve import captured_layer_ids, draft_with_aux_ids, latest_checkpoint, serve_check
+
+    right = json.loads(run.serve_report.read_text())["acceptance_per_position"][0]
+    click.echo("ablation: the same draft with its aux layer ids one layer early (vLLM #43671's bug)...")
+    with tempfile.TemporaryDirectory() as tmp:
+        draft = draft_with_aux_ids(latest_checkpoint(run), Path(tmp) / "draft", captured_layer_ids(run)[:-1])
+        shifted = serve_check(run, draft=draft, check_layer_ids=False)
+    wrong = shifted.acceptance_per_position[0]
+    click.echo(
+        f"  position-0 acceptance {wrong:.3f} with ids {shifted.aux_layer_ids}, {right:.3f} with the "
+        f"right ones: a drop of {right - wrong:.3f}"
+    )
 
 
 def _serve_check(run: RunFolder, **kw) -> bool:

@@ -88,6 +88,21 @@ def latest_checkpoint(run: RunFolder) -> Path:
     return run.checkpoints / str(epochs[-1])
 
 
+def draft_with_aux_ids(draft: Path, folder: Path, ids: list[int] | None | str) -> Path:
+    """A copy of ``draft`` in ``folder`` whose ``eagle_aux_hidden_state_layer_ids`` are ``ids``
+    (``"missing"``: the field removed): to measure, or refuse, a draft configured wrongly."""
+    import shutil
+
+    shutil.copytree(draft, folder)
+    config = json.loads((folder / "config.json").read_text())
+    if ids == "missing":
+        del config["eagle_aux_hidden_state_layer_ids"]
+    else:
+        config["eagle_aux_hidden_state_layer_ids"] = ids
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
 def held_out_samples(run: RunFolder) -> list[int]:
     """The samples training kept for validation (recorded by ``train``)."""
     facts = run.done("train") or {}
@@ -208,13 +223,14 @@ class Divergence:
 
 def tie_tolerance(dtype: str, spread: float) -> float:
     """The largest top-1/top-2 logit gap that rounding can overturn between vLLM's batched
-    verification and its one-token decode: each of the two logits may be off by the dtype's
-    relative error bound on vLLM's states (:data:`~speculators_compat.oracle.reference.TOLERANCE`,
-    measured against transformers) times the logits' scale there, taken as the spread of the
+    verification and its one-token decode: each of the two logits may be off by the relative
+    error bound of vLLM's states in ``dtype`` on weights like a served model's (sharp attention:
+    :func:`~speculators_compat.oracle.reference.tolerance`, measured against transformers; 1e-4
+    in float32, 5e-2 in bfloat16) times the logits' scale there, taken as the spread of the
     verifier's top logprobs."""
-    from ..oracle.reference import TOLERANCE
+    from ..oracle.reference import tolerance
 
-    return 2 * TOLERANCE.get(dtype, TOLERANCE["bfloat16"]) * spread
+    return 2 * tolerance(dtype if dtype in ("float32", "bfloat16", "float16") else "bfloat16", sharp=True) * spread
 
 
 def divergences(base: dict, spec: dict) -> list[Divergence]:

@@ -214,12 +214,13 @@ def _build_causal_lm(recipe: dict, dtype: str, out: Path) -> None:
 
     tokenizer = make_tokenizer(recipe)
     config = model_config(recipe, tokenizer, dtype)
-    model = random_model(config, recipe.get("seed", 0), recipe.get("sharpen"))
     if "train" in recipe:
-        from .train import train
+        from .train import load_trained
 
-        facts = train(model, tokenizer, recipe["train"])
+        model, facts = load_trained(config, tokenizer, recipe["name"])
         (out / TRAINING_FILE).write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+    else:
+        model = random_model(config, recipe.get("seed", 0), recipe.get("sharpen"))
     model.to(getattr(torch, dtype))
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))

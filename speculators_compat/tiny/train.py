@@ -4,7 +4,10 @@ A random verifier's greedy choices are near-ties (top-1/top-2 logit margin about
 random fixtures): no draft can learn them, so acceptance cannot tell a right pipeline from a
 broken one, and its attention is uniform, so position bugs hide. A recipe with a ``train``
 section is trained here on :mod:`.tasks` conversations, formatted with the fixture's own chat
-template, deterministically (seeded initialisation, batches and dropout-free model):
+template, deterministically on one machine (seeded initialisation and batches, no dropout; CPU
+kernels differ between CPUs and torch releases, so another machine lands nearby, not on the same
+bits). Training takes about 2 minutes on 2 cores, so its result is committed
+(``fixtures/weights``, :func:`load_trained`) and ``speculators-compat fixtures train`` remakes it:
 
     "train": {"conversations": 4000, "held_out": 200, "seed": 0, "steps": 500,
               "batch_size": 32, "lr": 0.01}
@@ -17,12 +20,59 @@ reaches on the same tokens. The builder writes them to the fixture's ``training.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 from . import tasks
 from .parts import ROLES
+
+
+def weights_path(name: str) -> Path:
+    """Where a trained recipe's committed weights are: ``fixtures/weights/<name>.safetensors``,
+    beside ``<name>.json`` (:func:`train`'s facts and the tokenizer they index)."""
+    from . import fixtures_dir
+
+    return fixtures_dir() / "weights" / f"{name}.safetensors"
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """What the weights depend on: the tokenizer's vocabulary (ids of every token)."""
+    blob = json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def load_trained(config, tokenizer, name: str):
+    """Recipe ``name``'s model (``config``) with its committed weights, and their facts. Training
+    takes about 2 minutes on 2 cores, so the weights it made are committed and only loaded here;
+    ``speculators-compat fixtures train NAME`` makes them again (tests/test_fixtures.py checks
+    that doing so reaches the committed figures)."""
+    import shutil
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = weights_path(name)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: run `speculators-compat fixtures train {name}`")
+    facts = json.loads(path.with_suffix(".json").read_text())
+    if facts["tokenizer"] != tokenizer_digest(tokenizer):
+        raise RuntimeError(
+            f"{path} was trained with another tokenizer ({facts['tokenizer']}; this build's: "
+            f"{tokenizer_digest(tokenizer)}): the token ids it learned mean other tokens here. "
+            f"Run `speculators-compat fixtures train {name}` with this tokenizers release."
+        )
+    # through from_pretrained, which converts the checkpoint layout to the installed
+    # transformers' own (transformers 5 fuses the experts)
+    with tempfile.TemporaryDirectory() as tmp:
+        config.save_pretrained(tmp)
+        shutil.copyfile(path, Path(tmp) / "model.safetensors")
+        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+    return model.eval(), facts
 
 
 def _messages(row: dict) -> list[dict]:
@@ -76,6 +126,7 @@ def train(model, tokenizer, spec: dict) -> dict:
         "last_loss": round(losses[-1], 4),
         "train_seconds": round(seconds, 1),
         "spec": spec,
+        "tokenizer": tokenizer_digest(tokenizer),
     }
 
 
@@ -111,3 +162,27 @@ def metrics(model, tokenizer, training: list[list[int]], held: list[tuple[list[i
         "greedy_agreement": round(sum(agree) / len(agree), 4),
         "bigram_agreement": round(sum(bigram_agree) / len(bigram_agree), 4),
     }
+
+
+def make_trained(name: str, out_dir: Path | None = None) -> tuple[Path, dict]:
+    """Train recipe ``name`` from its ``train`` section and write its weights (float32) and facts
+    to ``out_dir`` (default: where :func:`load_trained` reads them)."""
+    from . import load_recipe
+    from .parts import make_tokenizer, model_config, random_model
+
+    recipe = load_recipe(name)
+    if "train" not in recipe:
+        raise ValueError(f"recipe {name!r} has no 'train' section")
+    tokenizer = make_tokenizer(recipe)
+    model = random_model(model_config(recipe, tokenizer, "float32"), recipe.get("seed", 0), recipe.get("sharpen"))
+    facts = train(model, tokenizer, recipe["train"])
+    path = Path(out_dir) / f"{name}.safetensors" if out_dir else weights_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)  # the checkpoint layout
+        shutil.copyfile(Path(tmp) / "model.safetensors", path)
+    path.with_suffix(".json").write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+    return path, facts
