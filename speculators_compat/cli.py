@@ -134,10 +134,14 @@ def fixtures_chat(out: Path | None, count: int | None, seed: int | None, tasks: 
     from .tiny import tasks as task_rows
 
     if tasks:
-        rows = task_rows.make_conversations(count or TASKS_DATA["n"], TASKS_DATA["seed"] if seed is None else seed)
+        rows = task_rows.make_conversations(
+            count or TASKS_DATA["n"], TASKS_DATA["seed"] if seed is None else seed
+        )
         click.echo(chat.write_jsonl(rows, out or tasks_dataset_path()))
     else:
-        click.echo(chat.write_jsonl(chat.make_conversations(count or 300, seed or 0), out or chat_dataset_path()))
+        click.echo(
+            chat.write_jsonl(chat.make_conversations(count or 300, seed or 0), out or chat_dataset_path())
+        )
 
 
 @main.command()

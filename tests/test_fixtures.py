@@ -137,11 +137,15 @@ def test_embedded_dataset_is_what_the_generator_makes(tmp_path):
 def test_embedded_task_dataset_is_what_the_generator_makes(tmp_path):
     from speculators_compat.tiny import TASKS_DATA, tasks, tasks_dataset_path
 
-    fresh = chat.write_jsonl(tasks.make_conversations(TASKS_DATA["n"], TASKS_DATA["seed"]), tmp_path / "t.jsonl")
+    fresh = chat.write_jsonl(
+        tasks.make_conversations(TASKS_DATA["n"], TASKS_DATA["seed"]), tmp_path / "t.jsonl"
+    )
     assert fresh.read_bytes() == tasks_dataset_path().read_bytes()
     # no prompt of the embedded set is among the trained fixture's training conversations
     spec = load_recipe("deepseek-v3-tiny-trained")["train"]
-    trained_on = {r["conversations"][0]["value"] for r in tasks.make_conversations(spec["conversations"], spec["seed"])}
+    trained_on = {
+        r["conversations"][0]["value"] for r in tasks.make_conversations(spec["conversations"], spec["seed"])
+    }
     rows = [json.loads(line) for line in fresh.read_text().splitlines()]
     held = [r for r in rows if r["conversations"][0]["value"] not in trained_on]
     assert len(held) >= 0.2 * len(rows)  # (a task space this small repeats: "Tell me about X." has 12)
@@ -155,7 +159,11 @@ def test_task_answers_follow_from_their_questions():
         if question.startswith("Tell me about "):
             subject = question.removeprefix("Tell me about ").removesuffix(".")
             first, second, number = tasks.facts(subject)
-            assert answer.lower().startswith(subject) and f"{first} and {second}" in answer and str(number) in answer
+            assert (
+                answer.lower().startswith(subject)
+                and f"{first} and {second}" in answer
+                and str(number) in answer
+            )
         elif question.startswith("Count from "):
             start, stop = (int(w) for w in question.removesuffix(".").split()[2::2])
             assert answer == ", ".join(map(str, range(start, stop + 1))) + "."
@@ -201,3 +209,19 @@ def test_speculators_preprocessing_reads_the_dataset_with_the_fixture_template(b
         trained = tokenizer.decode(ids[mask.bool()])
         assert "<|im_" not in trained and "<|start_header_id|>" not in trained
     assert (tmp_path / "token_freq.pt").is_file()
+
+
+def test_the_committed_trained_weights_are_what_their_recipe_trains(tmp_path):
+    """fixtures train remakes deepseek-v3-tiny-trained from its recipe (about 2 minutes on 2
+    cores); CPU kernels differ between machines and torch releases, so the new weights are not
+    the same bits, but they reach the committed figures: measured 0.9068 top-1 probability and
+    0.9222 greedy agreement on torch 2.10 and 2.11 alike (committed: the 2.11 run)."""
+    from speculators_compat.tiny.train import make_trained, weights_path
+
+    committed = json.loads(weights_path("deepseek-v3-tiny-trained").with_suffix(".json").read_text())
+    _, facts = make_trained("deepseek-v3-tiny-trained", tmp_path)
+    assert facts["tokenizer"] == committed["tokenizer"]
+    assert facts["bigram_agreement"] == committed["bigram_agreement"]  # no training involved
+    for key in ("top1_probability", "greedy_agreement"):
+        assert abs(facts[key] - committed[key]) <= 0.02, (key, facts[key], committed[key])
+    assert facts["top1_probability"] > 0.85 and facts["greedy_agreement"] > facts["bigram_agreement"] + 0.3

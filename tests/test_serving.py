@@ -43,6 +43,7 @@ REPLAY_TOLERANCE = 0.03
 #: and not more than this above it (measured +0.026, +0.133).
 LATER_POSITIONS_ABOVE_REPLAY = 0.2
 
+
 @pytest.fixture(scope="module", autouse=True)
 def _scalar_inductor_kernels():
     """vLLM 0.20+ on CPU compiles its random sampler with inductor at every engine start, and

@@ -95,7 +95,9 @@ def _generate(llm, request, SamplingParams, TokensPrompt) -> dict:
     if request.get("logprobs"):
         # per generated token: the top-1/top-2 logprob gap (= the logit gap) and the gap between
         # the first and the last of the top logprobs returned (the logits' spread there)
-        result["margins"], result["spreads"] = zip(*[_gaps(o.outputs[0].logprobs) for o in outputs])
+        result["margins"], result["spreads"] = zip(
+            *[_gaps(o.outputs[0].logprobs) for o in outputs], strict=True
+        )
     return result
 
 

@@ -218,7 +218,8 @@ class Divergence:
     def line(self) -> str:
         margin = "none (past the end of its output)" if self.margin is None else f"{self.margin:.2e}"
         kind = "numerical tie" if self.tie else "VIOLATION"
-        return f"prompt {self.prompt}, token {self.position}: verifier margin {margin}, tolerance {self.tolerance:.2e}: {kind}"
+        where = f"prompt {self.prompt}, token {self.position}"
+        return f"{where}: verifier margin {margin}, tolerance {self.tolerance:.2e}: {kind}"
 
 
 def tie_tolerance(dtype: str, spread: float) -> float:
@@ -230,7 +231,11 @@ def tie_tolerance(dtype: str, spread: float) -> float:
     verifier's top logprobs."""
     from ..oracle.reference import tolerance
 
-    return 2 * tolerance(dtype if dtype in ("float32", "bfloat16", "float16") else "bfloat16", sharp=True) * spread
+    return (
+        2
+        * tolerance(dtype if dtype in ("float32", "bfloat16", "float16") else "bfloat16", sharp=True)
+        * spread
+    )
 
 
 def divergences(base: dict, spec: dict) -> list[Divergence]:
@@ -239,7 +244,7 @@ def divergences(base: dict, spec: dict) -> list[Divergence]:
     for i, (a, b) in enumerate(zip(base["outputs"], spec["outputs"], strict=True)):
         if a == b:
             continue
-        j = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        j = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         margins, spreads = base["margins"][i], base["spreads"][i]
         inside = j < len(margins)
         found.append(

@@ -83,7 +83,9 @@ def encode(tokenizer, row: dict) -> tuple[list[int], int]:
     """A one-turn conversation's token ids, and where its answer starts."""
     messages = _messages(row)
     full = list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
-    prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=True, add_generation_prompt=True, return_dict=False)
+    prompt = tokenizer.apply_chat_template(
+        messages[:-1], tokenize=True, add_generation_prompt=True, return_dict=False
+    )
     return full, len(prompt)
 
 
@@ -99,7 +101,9 @@ def train(model, tokenizer, spec: dict) -> dict:
     batches = random.Random(seed)
     steps, size = spec["steps"], spec["batch_size"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=spec["lr"], total_steps=steps, pct_start=0.1)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=spec["lr"], total_steps=steps, pct_start=0.1
+    )
     pad = tokenizer.pad_token_id
     model.train()
     t0 = time.perf_counter()
@@ -136,7 +140,7 @@ def metrics(model, tokenizer, training: list[list[int]], held: list[tuple[list[i
 
     follows: dict[int, Counter] = defaultdict(Counter)
     for seq in training:
-        for a, b in zip(seq, seq[1:]):
+        for a, b in zip(seq, seq[1:], strict=False):
             follows[a][b] += 1
     bigram = {a: max(counts.items(), key=lambda kv: (kv[1], -kv[0]))[0] for a, counts in follows.items()}
     top1, margins, agree, bigram_agree = [], [], [], []
@@ -174,7 +178,9 @@ def make_trained(name: str, out_dir: Path | None = None) -> tuple[Path, dict]:
     if "train" not in recipe:
         raise ValueError(f"recipe {name!r} has no 'train' section")
     tokenizer = make_tokenizer(recipe)
-    model = random_model(model_config(recipe, tokenizer, "float32"), recipe.get("seed", 0), recipe.get("sharpen"))
+    model = random_model(
+        model_config(recipe, tokenizer, "float32"), recipe.get("seed", 0), recipe.get("sharpen")
+    )
     facts = train(model, tokenizer, recipe["train"])
     path = Path(out_dir) / f"{name}.safetensors" if out_dir else weights_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
