@@ -138,7 +138,8 @@ def demo(carried: Path, work: Path, model: Path | None) -> dict:
     shutil.copytree(carried, run_dir, ignore=shutil.ignore_patterns("checkpoints", "train_metrics.jsonl"))
     run = RunFolder(run_dir)
     settings = run.settings()
-    model = model or build("deepseek-v3-tiny", "float32")
+    # the fixture the demo ran (its cache folder is named <recipe>-<dtype>-<key>), built here
+    model = model or build(Path(settings["model"]).name.rsplit("-", 2)[0], "float32")
     with run.update() as state:  # the run folder moved to this machine, and so did the verifier
         state["settings"]["model"] = str(model)
         train_facts = state["stages"].pop("train")

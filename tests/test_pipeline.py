@@ -25,7 +25,8 @@ SAMPLES = 40
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "run"
-    proc = cli("demo", "--out", out, "--samples", SAMPLES, "--epochs", 2, "--no-regenerate", "--quiet")
+    args = ["--samples", SAMPLES, "--epochs", 2, "--verifier", "random", "--no-regenerate", "--quiet"]
+    proc = cli("demo", "--out", out, *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return RunFolder(out), proc.stdout
 

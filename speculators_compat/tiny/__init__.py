@@ -21,7 +21,8 @@ from importlib import resources
 from pathlib import Path
 
 from . import kimi
-from .parts import ROLES, make_tokenizer, model_config, random_model, save_generation_config
+from .parts import ROLES, make_tokenizer, model_config, save_generation_config
+from .train import model_of
 
 __all__ = [
     "BUILDER_VERSION",
@@ -36,8 +37,6 @@ __all__ = [
 
 #: Bump when the builder's output changes for an unchanged recipe (it is part of the cache key).
 BUILDER_VERSION = 1
-#: What a trained fixture's build measured (:mod:`speculators_compat.tiny.train`).
-TRAINING_FILE = "training.json"
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -214,13 +213,7 @@ def _build_causal_lm(recipe: dict, dtype: str, out: Path) -> None:
 
     tokenizer = make_tokenizer(recipe)
     config = model_config(recipe, tokenizer, dtype)
-    if "train" in recipe:
-        from .train import load_trained
-
-        model, facts = load_trained(config, tokenizer, recipe["name"])
-        (out / TRAINING_FILE).write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
-    else:
-        model = random_model(config, recipe.get("seed", 0), recipe.get("sharpen"))
+    model = model_of(recipe, config, tokenizer, out)
     model.to(getattr(torch, dtype))
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))

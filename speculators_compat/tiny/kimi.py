@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .parts import make_tokenizer, model_config, random_model, save_generation_config
+from .parts import make_tokenizer, model_config, save_generation_config
+from .train import model_of
 
 # Remote-code config classes written next to the weights, as Kimi-K2.5 ships its own
 # (`auto_map` in config.json). Written for this fixture; they only hold the two sub-configs.
@@ -121,17 +122,7 @@ def build_kimi_k25(recipe: dict, base: dict, dtype: str, out: Path) -> None:
     wrapper = recipe["wrapper"]
     tokenizer = make_tokenizer(base)
     text = model_config(base, tokenizer, dtype)
-    if "train" in base:
-        # Trained once, as the causal-LM recipe it is (cached); wrapped here.
-        from transformers import AutoModelForCausalLM
-
-        from . import TRAINING_FILE, build_recipe
-
-        trained = build_recipe(base, "float32")
-        model = AutoModelForCausalLM.from_pretrained(str(trained), dtype=torch.float32)
-        (out / TRAINING_FILE).write_text((trained / TRAINING_FILE).read_text())
-    else:
-        model = random_model(text, recipe.get("seed", 0), base.get("sharpen"))
+    model = model_of({**base, "seed": recipe.get("seed", 0)}, text, tokenizer, out)
     model.to(getattr(torch, dtype))
     # The text model's weights as save_pretrained writes them: the checkpoint layout (one tensor
     # per expert, as the real Kimi-K2.5 ships), not transformers 5's fused in-memory experts.

@@ -28,7 +28,20 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from . import tasks
-from .parts import ROLES
+from .parts import ROLES, random_model
+
+#: What a trained fixture's folder says about its training (:func:`train`'s facts).
+TRAINING_FILE = "training.json"
+
+
+def model_of(recipe: dict, config, tokenizer, out: Path):
+    """The float32 model a text-model recipe builds: its committed trained weights (their facts
+    written to ``out``) where it has a ``train`` section, else seeded random weights."""
+    if "train" not in recipe:
+        return random_model(config, recipe.get("seed", 0), recipe.get("sharpen"))
+    model, facts = load_trained(config, tokenizer, recipe["name"])
+    (Path(out) / TRAINING_FILE).write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+    return model
 
 
 def weights_path(name: str) -> Path:
@@ -172,7 +185,7 @@ def make_trained(name: str, out_dir: Path | None = None) -> tuple[Path, dict]:
     """Train recipe ``name`` from its ``train`` section and write its weights (float32) and facts
     to ``out_dir`` (default: where :func:`load_trained` reads them)."""
     from . import load_recipe
-    from .parts import make_tokenizer, model_config, random_model
+    from .parts import make_tokenizer, model_config
 
     recipe = load_recipe(name)
     if "train" not in recipe:
