@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import torch
 
@@ -33,15 +34,21 @@ def assert_served_states_equal_training_states(run) -> None:
     """The saved draft names vLLM's aux layer ids (the state *entering* layer k), derived from the
     captured layer ids; for every sequence and layer, the state vLLM feeds for those ids (the
     transformers oracle's output_hidden_states[k], the same convention) equals the training data.
-    Read one layer early (the captured ids taken as vLLM ids), the states differ."""
-    from speculators_compat.oracle.reference import TOLERANCE, ReferenceModel, relative_error
+    Read one layer early (the captured ids taken as vLLM ids), the states differ by more than ten
+    times the bound. (On the trained verifier the closest such pair measured 0.027; random
+    weights' adjacent layers differ by 0.1-0.3.)"""
+    from speculators_compat.oracle.reference import ReferenceModel, relative_error, tolerance
     from speculators_compat.pipeline.serve import captured_layer_ids, latest_checkpoint
+    from speculators_compat.tiny import sharp_attention
 
     captured = captured_layer_ids(run)
     config = json.loads((latest_checkpoint(run) / "config.json").read_text())
     aux = config["eagle_aux_hidden_state_layer_ids"]
     assert aux == [k + 1 for k in captured[:-1]], (aux, captured)
-    reference = ReferenceModel(run.settings()["model"])
+    model = Path(run.settings()["model"])
+    recipe = model / "recipe.json"  # a fixture's (a user's model has none: the general bound)
+    bound = tolerance("float32", sharp=recipe.is_file() and sharp_attention(json.loads(recipe.read_text())))
+    reference = ReferenceModel(model)
     worst, shifted_best = 0.0, float("inf")
     for path in sorted(run.hidden_states.glob("data_*.pt")):
         data = torch.load(path, weights_only=True)
@@ -50,5 +57,5 @@ def assert_served_states_equal_training_states(run) -> None:
             state = data["hidden_states"][j].float()
             worst = max(worst, relative_error(state, entering[layer]))
             shifted_best = min(shifted_best, relative_error(state, entering[layer - 1]))
-    assert worst <= TOLERANCE["float32"], worst
-    assert shifted_best > 0.1, shifted_best
+    assert worst <= bound, worst
+    assert shifted_best > 10 * bound, shifted_best

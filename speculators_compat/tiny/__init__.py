@@ -32,6 +32,7 @@ __all__ = [
     "fixtures_dir",
     "list_recipes",
     "load_recipe",
+    "sharp_attention",
     "sharpened",
 ]
 
@@ -109,12 +110,18 @@ def cache_root() -> Path:
     return base / "fixtures"
 
 
-def sharpened(name: str) -> bool:
-    """Recipe ``name`` (or, for a wrapper, its text model) scales its attention (``sharpen``):
-    its oracle comparisons hold the float32 bound for sharp weights
+def sharp_attention(recipe: dict) -> bool:
+    """A recipe (by name, or as a dict: a built fixture's ``recipe.json``) whose attention depends
+    on positions, as a trained model's does: its text model is sharpened (``sharpen``) or trained
+    (``train``). Its oracle comparisons hold the float32 bound for sharp weights
     (:data:`speculators_compat.oracle.reference.SHARP_TOLERANCE`)."""
-    recipe = load_recipe(name)
-    return bool(recipe.get("sharpen") or ("base" in recipe and _base(recipe).get("sharpen")))
+    text = _base(recipe) if "base" in recipe else recipe
+    return bool(text.get("sharpen") or "train" in text)
+
+
+def sharpened(name: str) -> bool:
+    """:func:`sharp_attention` of the shipped recipe ``name``."""
+    return sharp_attention(load_recipe(name))
 
 
 def _base(recipe: dict) -> dict:
