@@ -6,18 +6,18 @@ On the CPU platform ``RotaryEmbedding.forward_cpu`` passes it to ``torch.ops._C.
 whose CPU wrapper (``csrc/cpu/pos_encoding.cpp``) assumes the flat ``[T, H * d]`` layout: it counts
 ``T * H`` rows of one head each and rotates row j at ``positions[j]``, so head slot j < T gets
 another token's position and the rest get whatever follows the positions in memory (position 0
-in practice: no rotation). No error; attention ignores positions. On trained (or sharpened)
-weights every DeepSeek layer is off by about 0.5 relative from layer 0 on, and greedy output
-differs from transformers' from the first tokens; random weights attend uniformly and hide it
-(0.005). The CUDA op reads the head stride of 3-D inputs (``query.stride(-2)``, vLLM PR #12777);
+in practice: no rotation). No error; attention ignores positions. On sharpened weights
+(``deepseek-v3-tiny-sharp``) every layer is off by 0.8-1.1 relative from layer 0 on and greedy
+output differs from transformers' from the first tokens; random weights attend uniformly and hide
+it (0.007-0.010). The CUDA op reads the head stride of 3-D inputs (``query.stride(-2)``, vLLM PR #12777);
 the CPU wrapper never learned to. ``DeepseekScalingRotaryEmbedding`` (``rope_scaling`` type
-``yarn``, as DeepSeek-V3 and Kimi-K2.5 ship) has no ``forward_cpu`` of its own and takes
-``forward_native``: only DeepSeek/Kimi configs on plain RoPE, and any other model that hands the
-op a per-head query, meet the bug.
+``yarn``, as DeepSeek-V3 and Kimi-K2.5 ship) computes natively on CPU (read on 0.11, 0.16, 0.22,
+0.32): only DeepSeek/Kimi configs on plain RoPE, and any other model that hands the op a per-head
+query, meet the bug.
 
 How: vLLM's ``rotary_embedding`` op wrapper (``vllm._custom_ops``, which every CPU path of
-``RotaryEmbedding`` calls: ``forward_cpu`` from 0.12 on, ``forward_cuda`` through CustomOp's CPU
-default on 0.11) gets a per-head query (and key) in the flat ``[T, H * d]`` layout the kernel
+``RotaryEmbedding`` calls: its ``forward_cpu`` on 0.16, 0.22 and 0.32, its ``forward_cuda``
+through CustomOp's CPU default on 0.11) gets a per-head query (and key) in the flat ``[T, H * d]`` layout the kernel
 reads: a view where the tensor is contiguous, a copy written back where it is a strided view.
 Classes that compute natively (``forward_native``, with its own per-head layout) never reach the
 op and are left alone. The op stays in use (cheaper than ``forward_native``: benchmarks in
