@@ -18,7 +18,8 @@ query, meet the bug.
 How: vLLM's ``rotary_embedding`` op wrapper (``vllm._custom_ops``, which every CPU path of
 ``RotaryEmbedding`` calls: its ``forward_cpu`` on 0.16, 0.22 and 0.32, its ``forward_cuda``
 through CustomOp's CPU default on 0.11) gets a per-head query (and key) in the flat
-``[T, H * d]`` layout the kernel reads: a view where the tensor is contiguous, a copy written back where it is a strided view.
+``[T, H * d]`` layout the kernel reads: a view where the tensor is contiguous, a copy written
+back where it is a strided view.
 Classes that compute natively (``forward_native``, with its own per-head layout) never reach the
 op and are left alone. The op stays in use (cheaper than ``forward_native``: benchmarks in
 docs/vllm-releases.md).
