@@ -20,13 +20,15 @@ from tests.helpers import fresh
 from tests.pipeline_helpers import ROOT, assert_served_states_equal_training_states, cli, prepare
 
 SAMPLES = 40
+#: The demo as the format checks run it: the random verifier on the chat data (long answers,
+#: enough training steps), the dataset's own answers.
+DEMO_ARGS = ["--samples", SAMPLES, "--epochs", 2, "--verifier", "random", "--no-regenerate", "--quiet"]
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "run"
-    args = ["--samples", SAMPLES, "--epochs", 2, "--verifier", "random", "--no-regenerate", "--quiet"]
-    proc = cli("demo", "--out", out, *args)
+    proc = cli("demo", "--out", out, *DEMO_ARGS)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return RunFolder(out), proc.stdout
 
@@ -159,7 +161,7 @@ def test_served_draft_is_fed_the_states_it_was_trained_on(demo_run):
 def test_run_again_continues_and_skips_complete_stages(demo_run):
     run, _ = demo_run
     before = {p.name: p.stat().st_mtime_ns for p in run.hidden_states.glob("data_*.pt")}
-    proc = cli("demo", "--out", run.root, "--samples", SAMPLES, "--epochs", 2, "--no-regenerate", "--quiet")
+    proc = cli("demo", "--out", run.root, *DEMO_ARGS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("already complete") == 4
     assert {p.name: p.stat().st_mtime_ns for p in run.hidden_states.glob("data_*.pt")} == before
