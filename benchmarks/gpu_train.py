@@ -23,7 +23,8 @@ epoch's end (validation and checkpoint). The epoch estimate for 7,000 samples on
 the synthetic set's mean sample length and linear scaling (the 8-GPU run is issue 16's).
 
     python benchmarks/gpu_train.py [--demo RUN] [--kimi] [--total-seq-lens 4096,8192,16384]
-                                   [--steps 8] [--num-workers 0] [--work DIR] [--out DIR]
+                                   [--steps 8] [--num-workers N] [--precision fp32|tf32]
+                                   [--work DIR] [--out DIR]
 """
 
 from __future__ import annotations
@@ -108,6 +109,30 @@ class RecompileLimitHits:
 
 
 HITS = None
+
+
+class LoaderWait:
+    """Seconds the training loop waits for each batch from its data loader (``__next__`` of
+    torch's loader iterators): with ``--num-workers 0`` the whole load, cast and noise; with
+    workers, what they did not hide. The GPU's share of a step is what remains of it."""
+
+    def __init__(self):
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        self.waits: list[float] = []
+        original = _BaseDataLoaderIter.__next__
+
+        def timed(it):
+            t0 = time.perf_counter()
+            try:
+                return original(it)
+            finally:
+                self.waits.append(time.perf_counter() - t0)
+
+        _BaseDataLoaderIter.__next__ = timed
+
+
+WAITS = None
 
 
 def dynamo_graphs() -> int:
@@ -282,7 +307,8 @@ def kimi_run(work: Path, verifier: Path, pool: Path, lengths: list[int], total_s
     return run_dir
 
 
-def kimi_train(run_dir: Path, total_seq_len: int, num_workers: int, warmup: int, lengths_by_file) -> dict:
+def kimi_train(run_dir: Path, total_seq_len: int, num_workers: int | None, warmup: int, lengths_by_file,
+               precision: str | None = None) -> dict:  # fmt: skip
     import torch
     from speculators.train.data import split_files
 
@@ -291,9 +317,12 @@ def kimi_train(run_dir: Path, total_seq_len: int, num_workers: int, warmup: int,
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
+    args = ["--num-workers", str(num_workers)] if num_workers is not None else []
+    args += ["--precision", precision] if precision else []
+    del WAITS.waits[:]
     try:
         cli("train", "--out", str(run_dir), "--quiet", "--epochs", "1", "--total-seq-len", str(total_seq_len),
-            "--num-workers", str(num_workers))  # fmt: skip
+            *args)  # fmt: skip
     except torch.OutOfMemoryError as exc:
         error = str(exc).splitlines()[0]
         return {
@@ -311,10 +340,17 @@ def kimi_train(run_dir: Path, total_seq_len: int, num_workers: int, warmup: int,
     train_files, _ = split_files(str(run_dir / "hidden_states"), ratio=0.9)
     tokens = sum(lengths_by_file(f) for f in train_files)
     step_s = statistics.median(steady)
+    # the loader's waits of the training steps (the first len(steps) of the epoch; validation after)
+    waits = WAITS.waits[: len(steps)][warmup:]
+    wait_s = statistics.median(waits) if waits else None
+    facts = json.loads((run_dir / "run.json").read_text())["stages"]["train"]
     result = {
         "total_seq_len": total_seq_len,
         "fits": True,
-        "num_workers": num_workers,
+        "num_workers": facts.get("loader_workers", num_workers),
+        "precision": facts.get("precision"),
+        "loader_wait_s": round(wait_s, 3) if wait_s is not None else None,
+        "gpu_share": round(1 - wait_s / step_s, 3) if wait_s is not None else None,
         "steps": len(steps),
         "first_step_s": round(gaps[0], 1),
         "step_s": round(step_s, 3),
@@ -326,6 +362,7 @@ def kimi_train(run_dir: Path, total_seq_len: int, num_workers: int, warmup: int,
         "epoch_end_s": round(t_end - times[-1], 1),
         "recompile_limit_hits": len(HITS.hits),
         "loss_first_last": [steps[0]["train"]["loss"], steps[-1]["train"]["loss"]] if steps else None,
+        "losses": [round(m["train"]["loss"], 6) for m in steps],
     }
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # ~14 GB each at this size
     return result
@@ -355,7 +392,7 @@ def kimi(args, work: Path, save) -> dict:
     for total in args.total_seq_lens:
         run_dir = kimi_run(work, verifier, pool, lengths, total, args.steps, args.draft_vocab,
                            text["vocab_size"], layer_ids)  # fmt: skip
-        row = kimi_train(run_dir, total, args.num_workers, args.warmup, length_of)
+        row = kimi_train(run_dir, total, args.num_workers, args.warmup, length_of, args.precision)
         rows.append(row)
         log(json.dumps(row))
         save(partial_rows=rows)
@@ -366,7 +403,7 @@ def kimi(args, work: Path, save) -> dict:
         best = max(fitting, key=lambda r: r["tokens_per_s"])
         run_dir = kimi_run(work, verifier, pool, lengths, best["total_seq_len"], args.steps,
                            args.draft_vocab, text["vocab_size"], layer_ids)  # fmt: skip
-        row = kimi_train(run_dir, best["total_seq_len"], workers, args.warmup, length_of)
+        row = kimi_train(run_dir, best["total_seq_len"], workers, args.warmup, length_of, args.precision)
         rows.append(row)
         log(json.dumps(row))
         save(partial_rows=rows)
@@ -405,7 +442,8 @@ def main() -> None:
     p.add_argument("--total-seq-lens", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192])
     p.add_argument("--steps", type=int, default=8, help="training steps per batch size (about)")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the median (compilation)")
-    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--num-workers", type=int, default=None, help="default: train's (4 on a GPU)")
+    p.add_argument("--precision", choices=("fp32", "tf32"), help="default: train's (tf32 on a GPU)")
     p.add_argument(
         "--compare-workers",
         type=lambda s: [int(x) for x in s.split(",")],
@@ -425,8 +463,9 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import speculators_compat  # noqa: F401  (the documented entry point: activates the shims)
 
-    global HITS
+    global HITS, WAITS
     HITS = RecompileLimitHits()
+    WAITS = LoaderWait()
 
     args.work.mkdir(parents=True, exist_ok=True)
     report = {"environment": environment()}

@@ -83,14 +83,18 @@ def test_training_the_same_run_again_gives_the_same_losses(demo_run, tmp_path):
     run, _ = demo_run
     out = tmp_path / "run"
     shutil.copytree(run.root, out, ignore=shutil.ignore_patterns("checkpoints", "train_metrics.jsonl"))
-    proc = cli("train", "--out", out, "--epochs", 2, "--lr", "1e-3", "--total-seq-len", 1024, "--quiet")
+    args = ("--epochs", 2, "--lr", "1e-3", "--total-seq-len", 1024, "--precision", "fp32", "--quiet")
+    proc = cli("train", "--out", out, *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
     def steps(path):
         return [json.loads(x) for x in path.read_text().splitlines() if '"train"' in x]
 
     first, again = steps(run.metrics), steps(out / "train_metrics.jsonl")
+    # --precision fp32 is speculators 0.3.0's training as it ships (the CPU's default): the same numbers.
     assert [m["train"]["loss"] for m in again] == [m["train"]["loss"] for m in first]
+    assert {m["precision"] for m in again} == {"fp32"}
+    assert RunFolder(out).done("train")["precision"] == "fp32"
     times = [m["time"] for m in again]
     assert times == sorted(times) and times[-1] - times[0] > 0
 

@@ -29,9 +29,68 @@ class TrainOptions:
     ttt_steps: int = 3
     ttt_step_loss_decay: float = 1.0
     total_seq_len: int = 8192
-    num_workers: int = 0
+    #: Data loader workers; None: :func:`loader_workers` (on a GPU, loading runs beside the step).
+    num_workers: int | None = None
     noise_std: float = 0.05
     val_ratio: float = 0.9
+    #: What the draft's float32 matmuls run in (:data:`PRECISIONS`); None: the device's default.
+    precision: str | None = None
+
+
+#: ``train --precision``: fp32, speculators 0.3.0 as it ships (on a GPU every matmul at the fp32
+#: ceiling); tf32, float32 weights and activations with TensorFloat-32 matmuls (a CUDA GPU's
+#: tensor cores, set before speculators compiles the draft). The default: tf32 on a CUDA GPU,
+#: fp32 on a CPU (TF32 is a GPU format). docs/performance.md has the measured speeds and losses.
+PRECISIONS = ("fp32", "tf32")
+
+
+#: Data loader workers on a CUDA GPU by default (each reads, casts and adds noise to whole batches:
+#: 1.5 s a batch of 8,192 Kimi-K2.5 tokens on one CPU core against 0.8 s of GPU work; docs/performance.md).
+GPU_LOADER_WORKERS = 4
+
+
+def loader_workers(requested: int | None, device_type: str) -> int:
+    """Data loader workers for ``--num-workers requested`` on ``device_type``: on a CPU the
+    training process loads (workers would take the cores the step needs), on a GPU
+    :data:`GPU_LOADER_WORKERS`, at most the CPUs this process may use less one."""
+    import os
+
+    if requested is not None:
+        return requested
+    if device_type != "cuda":
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(GPU_LOADER_WORKERS, cpus - 1))
+
+
+def chosen_precision(requested: str | None, device_type: str) -> str:
+    """The precision training runs in on ``device_type`` for ``--precision requested``."""
+    if requested is not None and requested not in PRECISIONS:
+        raise PipelineError(f"--precision {requested!r}: choose one of {', '.join(PRECISIONS)}.")
+    if device_type != "cuda":
+        if requested == "tf32":
+            log.warning("--precision tf32 applies to CUDA GPUs; training on the %s in fp32", device_type)
+        return "fp32"
+    return requested or "tf32"
+
+
+def matmul_precision(precision: str):
+    """A context in which float32 matmuls run in ``precision`` (torch's global setting, restored
+    when it ends: only this training changes, not the rest of the process)."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def context():
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(before)
+
+    return context()
 
 
 @dataclass
@@ -42,22 +101,31 @@ class TrainResult:
     first_loss: float | None
     last_loss: float | None
     losses: list[float] = field(default_factory=list)
+    #: What the float32 matmuls ran in (:data:`PRECISIONS`).
+    precision: str = "fp32"
     #: Samples training held out (``serve-check`` prompts with them).
     validation_samples: list[int] = field(default_factory=list)
+    #: Data loader workers (:func:`loader_workers`).
+    loader_workers: int = 0
 
 
 class _MetricsFile(logging.Handler):
     """Receives speculators' metric records (dicts on ``speculators.metrics``) on rank 0."""
 
-    def __init__(self, path: Path, bar):
+    def __init__(self, path: Path, bar, precision: str):
         super().__init__(logging.INFO)
-        self.path, self.bar, self.losses = path, bar, []
+        self.path, self.bar, self.losses, self.precision = path, bar, [], precision
 
     def emit(self, record):
         if not isinstance(record.msg, dict):
             return
         # time: when the step's metrics were read (after its loss synchronised the device)
-        entry = {"step": getattr(record, "step", None), "time": round(record.created, 3), **record.msg}
+        entry = {
+            "step": getattr(record, "step", None),
+            "time": round(record.created, 3),
+            "precision": self.precision,
+            **record.msg,
+        }
         with self.path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
         train = record.msg.get("train")
@@ -169,6 +237,8 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
     run.require("vocab", "train")
     local_rank, world_size, rank, distributed = maybe_setup_distributed()
     device = torch.device(local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    precision = chosen_precision(options.precision, device.type)
+    workers = loader_workers(options.num_workers, device.type)
     # The run's seed decides the draft's initial weights and the training noise (both drawn on
     # the CPU): the same run folder trains the same draft on a CPU and on a GPU, up to numerics.
     torch.manual_seed(int(run.settings().get("seed") or 0))
@@ -221,7 +291,9 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
         return DataLoader(
             dataset,
             batch_sampler=sampler,
-            num_workers=options.num_workers,
+            num_workers=workers,
+            # Page-locked batches: the trainer's non_blocking copies to the GPU are asynchronous.
+            pin_memory=device.type == "cuda",
             collate_fn=create_collate_fn(options.total_seq_len),
         )
 
@@ -257,14 +329,14 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
         disable=not progress or rank != 0 or device.type == "cuda",
     )  # GPU: speculators' own bar
     metrics = logging.getLogger("speculators.metrics")
-    handler = _MetricsFile(run.metrics, bar)
+    handler = _MetricsFile(run.metrics, bar, precision)
     metrics.setLevel(logging.INFO)
     propagate = metrics.propagate
     metrics.propagate = False  # one line per step goes to train_metrics.jsonl, not the console
     if rank == 0:
         metrics.addHandler(handler)
     try:
-        with draft_compile_limits():
+        with draft_compile_limits(), matmul_precision(precision):
             trainer.run_training()
     except torch.OutOfMemoryError as exc:
         raise PipelineError(out_of_memory_advice(run, options.total_seq_len, exc)) from exc
@@ -288,7 +360,9 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
         losses[0] if losses else None,
         losses[-1] if losses else None,
         losses,
+        precision,
         sorted(sample_index(f) for f in val_files),
+        workers,
     )
     if rank == 0:
         facts = {k: v for k, v in vars(result).items() if k != "losses"}
