@@ -12,15 +12,34 @@ import torch
 from tests.helpers import ROOT, fresh
 
 
-def cli(*args, env: dict[str, str | None] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+def cli(
+    *args, env: dict[str, str | None] | None = None, timeout: float = 900, fork: bool = True
+) -> subprocess.CompletedProcess:
     """``speculators-compat ARGS`` in a fresh process; ``env`` adds to this one's environment (a
-    value of None removes the variable)."""
+    value of None removes the variable). ``fork=False``: a new interpreter, not a child of the
+    fork server (which has started already: a ``PYTHONPATH`` with a sitecustomize needs this)."""
     return fresh(
         ["-m", "speculators_compat", *map(str, args)],
         env={k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None},
         timeout=timeout,
         cwd=ROOT,
+        fork=fork,
     )
+
+
+#: Conversations and epochs of the served demo run (the demo's own defaults: 300, 20).
+DEMO_SAMPLES, DEMO_EPOCHS = 300, 20
+
+
+def demo_run(out: Path, *args):
+    """``speculators-compat demo`` (trained verifier, its defaults) into ``out``, through the CLI
+    as a user runs it; returns the run folder and the demo's output."""
+    from speculators_compat.pipeline.layout import RunFolder
+
+    args = ("--samples", DEMO_SAMPLES, "--epochs", DEMO_EPOCHS, "--quiet", *args)
+    proc = cli("demo", "--out", out, *args, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return RunFolder(out), proc.stdout
 
 
 def prepare(model, out, *args, data=None) -> subprocess.CompletedProcess:

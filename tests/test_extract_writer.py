@@ -77,3 +77,25 @@ def test_closing_after_an_error_elsewhere_lets_the_batch_land(tmp_path):
     writer.submit(lambda: (time.sleep(0.2), _write_batch(tmp_path, *_batch(0, 2)))[1])
     writer.close()  # e.g. the generator raised: the batch in flight still lands
     assert existing_samples(tmp_path) == {0, 1}
+
+
+def test_a_batch_whose_states_do_not_cover_their_tokens_stops_before_it_is_written():
+    """speculators 0.3.0's offset slicing under chunked prefill (#365, the token_attribution shim
+    off): the batch's last samples come back short and the rest hold other sequences' rows.
+    The check names the samples and what is kept (tests/test_ablations.py runs it in vLLM)."""
+    from speculators_compat.pipeline.errors import PipelineError
+    from speculators_compat.pipeline.extract import check_batch
+
+    chunk, rows, results = _batch(10, 3)
+    for row, result in zip(rows, results, strict=True):
+        row["input_ids"] = result["input_ids"].tolist()
+    check_batch(chunk, rows, results, kept=10)  # whole: passes
+    results[2]["hidden_states"] = [h[:3] for h in results[2]["hidden_states"]]
+    with pytest.raises(PipelineError, match=r"1 of 3 samples .*sample 12: 5 tokens, states \[3, 3\]") as exc:
+        check_batch(chunk, rows, results, kept=10)
+    message = str(exc.value)
+    assert "token_attribution" in message and "the 10 samples already on disk are kept" in message
+    results[2]["hidden_states"] = results[1]["hidden_states"]
+    results[2]["input_ids"] = results[1]["input_ids"]  # another sequence's ids: not this sample's
+    with pytest.raises(PipelineError, match="sample 12"):
+        check_batch(chunk, rows, results, kept=10)

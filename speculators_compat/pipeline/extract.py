@@ -207,6 +207,7 @@ def extract(
                     "once the cause is fixed (memory: a smaller --batch-size or --seq-length), run "
                     "the same command again to resume."
                 ) from exc
+            check_batch(chunk, rows, results, kept=already + start)
             # Written while the next batch is generated (the model's forward and the disk overlap).
             bar.update(writer.submit(lambda c=chunk, r=rows, res=results: _write_batch(out, c, r, res)))
         bar.update(writer.finish())
@@ -244,6 +245,30 @@ def _read_record(run: RunFolder) -> dict:
 
     path = extraction_record(run)
     return json.loads(path.read_text()) if path.is_file() else {"dtype": None, "shards": {}}
+
+
+def check_batch(chunk: list[int], rows: list[dict], results: list[dict], kept: int) -> None:
+    """Each sample's states cover its own tokens, one row per token in every layer, before any
+    of the batch is written: states that come back short have been sliced from another sequence's
+    (speculators 0.3.0's offset slicing under chunked prefill, #365), and training on them would
+    be silently wrong. Stops the run naming the samples; ``kept`` samples already on disk stay."""
+    bad = []
+    for i, row, result in zip(chunk, rows, results, strict=True):
+        ids = result["input_ids"]
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        n = len(ids)
+        rows_per_layer = [len(h) for h in result["hidden_states"]]
+        if ids != list(row["input_ids"][:n]) or set(rows_per_layer) != {n}:
+            bad.append(f"sample {i}: {n} tokens, states {rows_per_layer} rows a layer")
+    if bad:
+        raise PipelineError(
+            f"speculators' generator returned states that do not cover their own tokens for "
+            f"{len(bad)} of {len(chunk)} samples of a batch ({'; '.join(bad[:3])}"
+            f"{'; ...' if len(bad) > 3 else ''}): states sliced from other sequences (speculators "
+            "#365; the token_attribution shim fixes it: is it disabled in "
+            "SPECULATORS_COMPAT_DISABLE, or reported failed by `speculators-compat status`?). Nothing "
+            f"of this batch was written; the {kept} samples already on disk are kept."
+        )
 
 
 def _write_batch(out: Path, chunk: list[int], rows: list[dict], results: list[dict]) -> int:

@@ -160,8 +160,15 @@ def expected_acceptance(
     for i, cut, _ in windows:
         data = torch.load(run.hidden_states / f"data_{i}.pt", weights_only=True)
         ids = data["input_ids"]
-        states = torch.cat(data["hidden_states"][:-1], dim=-1).float()
         n = len(ids)
+        covered = [len(layer) for layer in data["hidden_states"]]
+        if set(covered) != {n}:
+            raise PipelineError(
+                f"{run.hidden_states / f'data_{i}.pt'} holds {n} tokens but states of {covered} rows "
+                "a layer: the extraction is damaged (states sliced from other sequences, or a cut "
+                "file). Delete the run's hidden_states/ and run extract again."
+            )
+        states = torch.cat(data["hidden_states"][:-1], dim=-1).float()
         # speculators' alignment (train/data.py shift_batch): position j holds state j and token
         # j + 1 and predicts token j + 2; test-time-training step k continues the same position's
         # chain (core.py align_for_step): its output at j predicts token j + 2 + k. Padded to the
