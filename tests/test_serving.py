@@ -161,6 +161,22 @@ def test_serve_check_names_a_violation_injected_into_vllms_rejection_sampler(ser
     assert f"prompt {first['prompt']}, token {first['position']}: verifier margin" in text
 
 
+def test_without_the_rotary_shim_vllm_serving_breaks_and_serve_check_says_so(served, monkeypatch):
+    """vLLM's CPU rotary embedding on DeepSeek's 3-D query (cpu_rotary_embedding_3d off in the
+    serving engines, as a user's plain vLLM runs): the verifier computes different logits for
+    the batched verification than for its one-token decode, so greedy outputs with the draft
+    differ where the verifier was far from tied: a real violation, named. Measured on the demo's
+    run (30 prompts): 13 differ, margins up to 10 logits, acceptance 0.500/0.236/0.116 against
+    0.879/0.798/0.718 with the shim, which makes the outputs identical."""
+    run, report, _ = served
+    monkeypatch.setenv("SPECULATORS_COMPAT_DISABLE", "cpu_rotary_embedding_3d")
+    broken = serve_check(run, prompts=16)
+    assert "cpu_rotary_embedding_3d" not in broken.serving_shims
+    assert not broken.lossless and broken.violations, broken.lines()
+    assert max(v["margin"] or 0 for v in broken.violations) > 1.0  # not a near-tie
+    assert broken.acceptance_per_position[0] < report["acceptance_per_position"][0] - 0.2, broken.lines()
+
+
 def test_served_draft_is_fed_the_states_it_was_trained_on(served):
     run, _, _ = served
     assert_served_states_equal_training_states(run)

@@ -342,10 +342,13 @@ def _root_cause(stderr: str) -> str:
 
 def serving_shims() -> list[str]:
     """The shims the serving engines keep: those fixing bugs of vLLM's own engine on this
-    platform (e.g. vLLM 0.20-0.24's CPU float32 MoE), nothing on speculators' path."""
+    platform (e.g. vLLM 0.20-0.24's CPU float32 MoE), nothing on speculators' path, less those
+    the user leaves out (``SPECULATORS_COMPAT_DISABLE``, as everywhere else)."""
+    from ..registry import _disabled
     from ..shims import SHIMS
 
-    return [s.name for s in SHIMS if s.serving]
+    left_out = _disabled()
+    return [s.name for s in SHIMS if s.serving and s.name not in left_out and "all" not in left_out]
 
 
 def run_engine(request: dict) -> dict:
