@@ -177,3 +177,18 @@ def test_an_untested_vllm_is_named_and_the_probes_decide(tmp_path, model):
     )
     assert any("vLLM 0.99.0 is outside the versions" in w for w in result["warnings"]), result
     assert (tmp_path / "r" / "prepared").is_dir()  # and the stage still ran
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_dataset_line_cut_in_half_is_named(tmp_path, model, suffix):
+    """A ShareGPT file with its fifth record cut in half (a copy interrupted): the message names
+    the file and the line (1-based), and nothing is written to the run folder."""
+    turns = [[{"from": "human", "value": f"q {i}"}, {"from": "gpt", "value": "a"}] for i in range(8)]
+    rows = [json.dumps({"conversations": t}) for t in turns]
+    rows[4] = rows[4][: len(rows[4]) // 2]
+    data = tmp_path / f"chats{suffix}"
+    data.write_text("\n".join(rows) if suffix == ".jsonl" else "[\n" + ",\n".join(rows) + "\n]")
+    out = tmp_path / "r"
+    proc = prepare(model, out, data=data)
+    _fails(proc, f"chats{suffix}", "line 5" if suffix == ".jsonl" else "line 6")
+    assert not (out / "prepared").exists()

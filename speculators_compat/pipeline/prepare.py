@@ -23,6 +23,36 @@ class PrepareResult:
     regenerated_turns: int | None = None
 
 
+def first_bad_line(path: Path) -> str | None:
+    """Where a .json/.jsonl file stops being what ``datasets`` reads: "line N (1-based), column C:
+    what is wrong, and the line's start"; None if every line parses. Read only after ``datasets``
+    failed (its own error names no line: "row 4" in a log line at most)."""
+    import json
+
+    def shown(line: str) -> str:
+        line = line.rstrip("\n")
+        return repr(line[:60] + ("..." if len(line) > 60 else ""))
+
+    with path.open(encoding="utf-8", errors="replace") as f:
+        lines = f.readlines()
+    if path.suffix == ".json":
+        try:
+            json.loads("".join(lines))
+        except json.JSONDecodeError as exc:
+            return f"line {exc.lineno}, column {exc.colno}: {exc.msg}: {shown(lines[exc.lineno - 1])}"
+        return None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            return f"line {n}, column {exc.colno}: {exc.msg} (a cut or malformed record): {shown(line)}"
+        if not isinstance(record, dict):
+            return f"line {n}: a JSON {type(record).__name__}, not an object: {shown(line)}"
+    return None
+
+
 def load_conversations(data: str | Path, cache_dir: Path):
     """A local JSON/JSONL file or a ``datasets`` folder saved with ``save_to_disk``."""
     import datasets
@@ -46,6 +76,12 @@ def load_conversations(data: str | Path, cache_dir: Path):
     except PipelineError:
         raise
     except Exception as exc:
+        where = first_bad_line(path) if path.is_file() else None
+        if where:
+            raise PipelineError(
+                f"cannot read the dataset {path}: {where}. Fix or remove that line (one JSON object "
+                "a line, each with a 'conversations' list of {from/role, value/content} turns)."
+            ) from None
         raise PipelineError(
             f"cannot read the dataset {path}: {type(exc).__name__}: {exc}. Expected ShareGPT-style "
             "records with a 'conversations' list of {from/role, value/content} turns."
