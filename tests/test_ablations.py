@@ -10,9 +10,9 @@ foreign vocabulary shows (over every drafted token), and states misattributed by
 now stop extraction before anything trains on them. Each test says what was measured and why;
 docs/pipeline.md ("Fidelity ablations") has the table.
 
-Not in CI's serving tier (each faulted run trains a draft again: about 12 minutes on 2 cores
-with the demo's run); they run with the whole suite on vLLM 0.22 (``tox -e vllm0.22``) and alone
-with ``tox -e ablations``.
+Not in CI's serving tier (each faulted run trains a draft again: 32.9 minutes on 2 cores beside
+a CI run, about 15 alone, with the demo's run); they run with the whole suite on vLLM 0.22
+(``tox -e vllm0.22``) and alone with ``tox -e ablations``.
 """
 
 from __future__ import annotations
