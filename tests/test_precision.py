@@ -46,9 +46,13 @@ def test_the_matmul_setting_holds_inside_training_only(precision, inside):
     assert torch.get_float32_matmul_precision() == before
 
 
-def test_loader_workers_run_beside_the_step_on_a_gpu_only():
+@pytest.mark.parametrize(("cpus", "workers"), [(16, 4), (3, 2), (2, 1), (1, 0)])
+def test_loader_workers_run_beside_the_step_on_a_gpu_only(monkeypatch, cpus, workers):
+    """On a GPU up to GPU_LOADER_WORKERS, one CPU left to the training process; on a CPU none."""
     from speculators_compat.pipeline.train import GPU_LOADER_WORKERS, loader_workers
 
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cpus)), raising=False)
+    assert GPU_LOADER_WORKERS == 4
+    assert loader_workers(None, "cuda") == workers
     assert loader_workers(None, "cpu") == 0
-    assert 0 < loader_workers(None, "cuda") <= GPU_LOADER_WORKERS or os.cpu_count() == 1
     assert loader_workers(3, "cpu") == loader_workers(3, "cuda") == 3
