@@ -174,9 +174,10 @@ def demo(carried: Path, work: Path, model: Path | None) -> dict:
     log(status.getvalue())
     graphs = dynamo_graphs()
     t0 = time.perf_counter()
-    # The demo's training options (commands.demo), passed as the demo passes them.
+    # The demo's training options (commands.demo), passed as the demo passes them; loading and
+    # precision as on the CPU (no loader workers: the same noise; fp32), to compare like with like.
     cli("train", "--out", str(run_dir), "--quiet", "--epochs", str(train_facts["epochs"]), "--lr", "1e-3",
-        "--total-seq-len", "1024")  # fmt: skip
+        "--total-seq-len", "1024", "--num-workers", "0", "--precision", "fp32")  # fmt: skip
     seconds = time.perf_counter() - t0
     gpu_losses = [m["train"]["loss"] for m in metrics(run_dir)]
     n = min(len(cpu_losses), len(gpu_losses))

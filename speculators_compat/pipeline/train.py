@@ -240,7 +240,9 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
     precision = chosen_precision(options.precision, device.type)
     workers = loader_workers(options.num_workers, device.type)
     # The run's seed decides the draft's initial weights and the training noise (both drawn on
-    # the CPU): the same run folder trains the same draft on a CPU and on a GPU, up to numerics.
+    # the CPU): the same run folder trains the same draft on a CPU and on a GPU, up to numerics,
+    # with --num-workers 0 --precision fp32. (Loader workers, a GPU's default, draw the noise in
+    # their own processes, seeded from this seed: runs repeat, but their noise is not the CPU's.)
     torch.manual_seed(int(run.settings().get("seed") or 0))
     d2t = torch.from_numpy(np.load(run.vocab / "d2t.npy")).to(device)
     t2d = torch.from_numpy(np.load(run.vocab / "t2d.npy")).to(device)
