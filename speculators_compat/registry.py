@@ -71,6 +71,12 @@ def _disabled() -> set[str]:
     return {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
 
 
+def left_out(name: str) -> bool:
+    """``SPECULATORS_COMPAT_DISABLE`` names the shim ``name`` (or is ``all``)."""
+    disabled = _disabled()
+    return name in disabled or "all" in disabled
+
+
 PLATFORMS = {"cpu": "applies to training on a CPU only", "vllm-cpu": "applies to vLLM's CPU build only"}
 
 
@@ -119,8 +125,7 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
         gate = _check_versions()
         if gate:
             return _set(shim, "skipped", gate)
-        disabled = _disabled()
-        if shim.name in disabled or "all" in disabled:
+        if left_out(shim.name):
             return _set(shim, "disabled", f"listed in ${DISABLE_ENV}")
         if not _platform_matches(shim):
             return _set(shim, "not needed", PLATFORMS[shim.platform])

@@ -247,6 +247,12 @@ def _read_record(run: RunFolder) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {"dtype": None, "shards": {}}
 
 
+def uncovered_rows(hidden_states, tokens: int) -> list[int] | None:
+    """The rows of each layer's states where some layer has not exactly one per token, else None."""
+    rows = [len(layer) for layer in hidden_states]
+    return rows if set(rows) != {tokens} else None
+
+
 def check_batch(chunk: list[int], rows: list[dict], results: list[dict], kept: int) -> None:
     """Each sample's states cover its own tokens, one row per token in every layer, before any
     of the batch is written: states that come back short have been sliced from another sequence's
@@ -257,9 +263,9 @@ def check_batch(chunk: list[int], rows: list[dict], results: list[dict], kept: i
         ids = result["input_ids"]
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         n = len(ids)
-        rows_per_layer = [len(h) for h in result["hidden_states"]]
-        if ids != list(row["input_ids"][:n]) or set(rows_per_layer) != {n}:
-            bad.append(f"sample {i}: {n} tokens, states {rows_per_layer} rows a layer")
+        if ids != list(row["input_ids"][:n]) or uncovered_rows(result["hidden_states"], n):
+            per_layer = [len(h) for h in result["hidden_states"]]
+            bad.append(f"sample {i}: {n} tokens, states {per_layer} rows a layer")
     if bad:
         raise PipelineError(
             f"speculators' generator returned states that do not cover their own tokens for "

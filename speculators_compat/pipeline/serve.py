@@ -149,6 +149,8 @@ def expected_acceptance(
     import torch
     from speculators.models.eagle3 import Eagle3DraftModel
 
+    from .extract import uncovered_rows
+
     d2t = torch.from_numpy(np.load(run.vocab / "d2t.npy"))
     t2d = torch.from_numpy(np.load(run.vocab / "t2d.npy"))
     model = Eagle3DraftModel.from_pretrained(str(draft), t2d=t2d, d2t=d2t).eval()
@@ -161,8 +163,8 @@ def expected_acceptance(
         data = torch.load(run.hidden_states / f"data_{i}.pt", weights_only=True)
         ids = data["input_ids"]
         n = len(ids)
-        covered = [len(layer) for layer in data["hidden_states"]]
-        if set(covered) != {n}:
+        covered = uncovered_rows(data["hidden_states"], n)
+        if covered:
             raise PipelineError(
                 f"{run.hidden_states / f'data_{i}.pt'} holds {n} tokens but states of {covered} rows "
                 "a layer: the extraction is damaged (states sliced from other sequences, or a cut "
@@ -344,11 +346,10 @@ def serving_shims() -> list[str]:
     """The shims the serving engines keep: those fixing bugs of vLLM's own engine on this
     platform (e.g. vLLM 0.20-0.24's CPU float32 MoE), nothing on speculators' path, less those
     the user leaves out (``SPECULATORS_COMPAT_DISABLE``, as everywhere else)."""
-    from ..registry import _disabled
+    from ..registry import left_out
     from ..shims import SHIMS
 
-    left_out = _disabled()
-    return [s.name for s in SHIMS if s.serving and s.name not in left_out and "all" not in left_out]
+    return [s.name for s in SHIMS if s.serving and not left_out(s.name)]
 
 
 def run_engine(request: dict) -> dict:
