@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from packaging.specifiers import SpecifierSet
 
 from .releases import RELEASES, TESTED_TEXT
-from .shim import Shim, Undo
+from .shim import PLATFORMS, Shim, Undo
 from .shims import BY_NAME, SHIMS
 from .versions import in_range
 
@@ -77,9 +77,6 @@ def left_out(name: str) -> bool:
     return name in disabled or "all" in disabled
 
 
-PLATFORMS = {"cpu": "applies to training on a CPU only", "vllm-cpu": "applies to vLLM's CPU build only"}
-
-
 def _platform_matches(shim: Shim) -> bool:
     if shim.platform is None:
         return True
@@ -128,7 +125,7 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
         if left_out(shim.name):
             return _set(shim, "disabled", f"listed in ${DISABLE_ENV}")
         if not _platform_matches(shim):
-            return _set(shim, "not needed", PLATFORMS[shim.platform])
+            return _set(shim, "not needed", f"applies to {PLATFORMS[shim.platform]} only")
         if absent:
             return _set(shim, "not needed", absent)
         from .versions import installed_versions

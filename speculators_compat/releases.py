@@ -1,7 +1,7 @@
 """The vLLM releases the test matrix runs: the one list.
 
 Everything else is derived from it: the tox envs ``vllmX.Y`` and ``ci-vllmX.Y`` (``toxfile.py``),
-what each env's pytest runs (``tests/select.py``), the lock tool (``tools/lock_envs.py``), the
+what each env's pytest runs (``tests/tiers.py``), the lock tool (``tools/lock_envs.py``), the
 tested range that ``status`` and ``run`` report (:data:`TESTED_TEXT`), and the README's support
 table (checked by ``tests/test_releases.py``).
 

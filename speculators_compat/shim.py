@@ -43,8 +43,9 @@ class Shim:
     serving: bool = False
 
 
-#: How the shim table (docs/shims.md, ``speculators-compat status --markdown``) names a platform.
-PLATFORM_COLUMN = {"cpu": "training on a CPU", "vllm-cpu": "vLLM's CPU build"}
+#: Where a shim with ``platform`` set applies: the shim table's "where" column (docs/shims.md,
+#: ``speculators-compat status --markdown``) and the registry's reason elsewhere.
+PLATFORMS = {"cpu": "training on a CPU", "vllm-cpu": "vLLM's CPU build"}
 
 
 def markdown_table(shims: list[Shim]) -> str:
@@ -56,7 +57,7 @@ def markdown_table(shims: list[Shim]) -> str:
     lines = ["| shim | vLLM | where | patches | symptom without it |", "| --- | --- | --- | --- | --- |"]
     for shim in shims:
         vllm = shim.vllm + (f"; transformers {shim.transformers}" if shim.transformers else "")
-        where = PLATFORM_COLUMN.get(shim.platform, "everywhere")
+        where = PLATFORMS.get(shim.platform, "everywhere")
         lines.append(
             f"| `{shim.name}` | `{cell(vllm)}` | {where} | `{cell(shim.target)}` | {cell(shim.symptom)} |"
         )

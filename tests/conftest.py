@@ -30,6 +30,7 @@ _pin_xdist_worker()
 import pytest  # noqa: E402
 
 from speculators_compat.cpu_alias import ensure_vllm_cpu_alias  # noqa: E402
+from tests.helpers import assert_mla_as_chosen, mla_skip_reason, unsupported_reason  # noqa: E402
 
 # vLLM's CPU builds from PyPI (0.11, 0.12) need the `vllm` metadata alias before vLLM is imported.
 ensure_vllm_cpu_alias()
@@ -52,60 +53,6 @@ ENGINE_MODELS = [
     ("deepseek-v3-tiny-mla-sharp", "float32", {}),
     ("kimi-k25-tiny-sharp", "float32", {}),
 ]
-
-
-def runs_mla(recipe: str) -> bool:
-    """An ``-mla`` recipe (``deepseek-v3-tiny-mla``, ``deepseek-v3-tiny-mla-sharp``) exists to run
-    MLA, where the CPU build has it; the others run MLA off."""
-    return "mla" in recipe.split("-")
-
-
-def mla_skip_reason(recipe: str) -> str | None:
-    """An ``-mla`` recipe exists to run MLA: why this vLLM cannot (its other recipes run MLA off)."""
-    if not runs_mla(recipe):
-        return None
-    from speculators_compat import cpu_mla
-    from speculators_compat.tiny import build
-
-    choice = cpu_mla.choose(build(recipe))
-    return None if choice is None or choice.use_mla else choice.reason
-
-
-def assert_mla_as_chosen(vllm_config, recipe: str) -> None:
-    """The engine runs MLA exactly for the ``-mla`` recipes (where the build has it), through the
-    CPU backend that takes every dtype."""
-    from speculators_compat import cpu_mla
-
-    if "deepseek" in recipe or "kimi" in recipe:
-        use_mla = vllm_config.model_config.use_mla
-        assert use_mla == runs_mla(recipe), f"{recipe}: use_mla is {use_mla}"
-        if use_mla:
-            assert vllm_config.attention_config.backend.name == cpu_mla.BACKEND
-
-
-def unsupported_reason(architecture: str) -> str | None:
-    """Why this vLLM cannot build ``architecture`` on the CPU backend, or None if it can."""
-    import inspect
-
-    import torch
-    from vllm import ModelRegistry
-
-    from speculators_compat.versions import installed_versions
-
-    version = installed_versions().vllm
-    if architecture not in ModelRegistry.get_supported_archs():
-        return f"vLLM {version} has no {architecture} in its model registry"
-    if architecture == "KimiK25ForConditionalGeneration" and not torch.cuda.is_available():
-        from vllm.model_executor.models import kimi_k25
-
-        init = inspect.getsource(kimi_k25.KimiK25ForConditionalGeneration.__init__)
-        if "torch.cuda.current_device()" in init:
-            return (
-                f"vLLM {version}'s KimiK25ForConditionalGeneration.__init__ calls "
-                "torch.cuda.current_device(): it cannot be built on the CPU backend "
-                "(RuntimeError: Found no NVIDIA driver on your system)"
-            )
-    return None
 
 
 @pytest.fixture(scope="module", autouse=True)

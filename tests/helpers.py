@@ -172,3 +172,72 @@ def run_draft(mode: str, disable: str = "", timeout: float = 600) -> dict:
             f"no result line ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     return json.loads(lines[-1])
+
+
+def needs_claim(claimed, shim):
+    """Skip unless this env's vLLM (and transformers) lie in ``shim``'s range (``claimed``: the
+    fixture of tests/shims/conftest.py)."""
+    import pytest
+
+    from speculators_compat.versions import installed_versions
+
+    if not claimed(shim):
+        v = installed_versions()
+        pytest.skip(
+            f"vLLM {v.vllm} / transformers {v.transformers} is outside {shim.name}'s range "
+            f"{shim.vllm} / {shim.transformers or 'any'}"
+        )
+
+
+def runs_mla(recipe: str) -> bool:
+    """An ``-mla`` recipe (``deepseek-v3-tiny-mla``, ``deepseek-v3-tiny-mla-sharp``) exists to run
+    MLA, where the CPU build has it; the others run MLA off."""
+    return "mla" in recipe.split("-")
+
+
+def mla_skip_reason(recipe: str) -> str | None:
+    """An ``-mla`` recipe exists to run MLA: why this vLLM cannot (its other recipes run MLA off)."""
+    if not runs_mla(recipe):
+        return None
+    from speculators_compat import cpu_mla
+    from speculators_compat.tiny import build
+
+    choice = cpu_mla.choose(build(recipe))
+    return None if choice is None or choice.use_mla else choice.reason
+
+
+def assert_mla_as_chosen(vllm_config, recipe: str) -> None:
+    """The engine runs MLA exactly for the ``-mla`` recipes (where the build has it), through the
+    CPU backend that takes every dtype."""
+    from speculators_compat import cpu_mla
+
+    if "deepseek" in recipe or "kimi" in recipe:
+        use_mla = vllm_config.model_config.use_mla
+        assert use_mla == runs_mla(recipe), f"{recipe}: use_mla is {use_mla}"
+        if use_mla:
+            assert vllm_config.attention_config.backend.name == cpu_mla.BACKEND
+
+
+def unsupported_reason(architecture: str) -> str | None:
+    """Why this vLLM cannot build ``architecture`` on the CPU backend, or None if it can."""
+    import inspect
+
+    import torch
+    from vllm import ModelRegistry
+
+    from speculators_compat.versions import installed_versions
+
+    version = installed_versions().vllm
+    if architecture not in ModelRegistry.get_supported_archs():
+        return f"vLLM {version} has no {architecture} in its model registry"
+    if architecture == "KimiK25ForConditionalGeneration" and not torch.cuda.is_available():
+        from vllm.model_executor.models import kimi_k25
+
+        init = inspect.getsource(kimi_k25.KimiK25ForConditionalGeneration.__init__)
+        if "torch.cuda.current_device()" in init:
+            return (
+                f"vLLM {version}'s KimiK25ForConditionalGeneration.__init__ calls "
+                "torch.cuda.current_device(): it cannot be built on the CPU backend "
+                "(RuntimeError: Found no NVIDIA driver on your system)"
+            )
+    return None

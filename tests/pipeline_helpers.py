@@ -64,7 +64,7 @@ def assert_served_states_equal_training_states(run) -> None:
     config = json.loads((latest_checkpoint(run) / "config.json").read_text())
     aux = config["eagle_aux_hidden_state_layer_ids"]
     assert aux == [k + 1 for k in captured[:-1]], (aux, captured)
-    model = Path(run.settings()["model"])
+    model = Path(run.spec().model)
     recipe = model / "recipe.json"  # a fixture's (a user's model has none: the general bound)
     bound = tolerance("float32", sharp=recipe.is_file() and sharp_attention(json.loads(recipe.read_text())))
     reference = ReferenceModel(model)

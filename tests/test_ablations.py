@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speculators_compat.pipeline.commands import demo_settings
+from speculators_compat.pipeline.commands import demo_request
 from speculators_compat.pipeline.layout import STAGES, RunFolder
 from speculators_compat.pipeline.serve import cpu_spec_decode_unsupported
 from tests.pipeline_helpers import cli, demo_run
@@ -36,13 +36,13 @@ pytestmark = [pytest.mark.serving, pytest.mark.ablation]
 
 def _train_flags() -> list[str]:
     """The demo's training options as ``train``/``run`` flags."""
-    t = demo_settings("trained").train
+    t = demo_request("trained").options.train
     return ["--epochs", t.epochs, "--lr", t.lr, "--total-seq-len", t.total_seq_len, "--quiet"]
 
 
 def _extract_flags() -> list[str]:
-    s = demo_settings("trained")
-    return ["--batch-size", s.batch_size, "--dtype", s.dtype]
+    s = demo_request("trained")
+    return ["--batch-size", s.options.batch_size, "--dtype", s.dtype]
 
 
 def copy_run(base: RunFolder, dest: Path, keep: tuple[str, ...]) -> RunFolder:
@@ -97,12 +97,12 @@ def attribution_off_extract(run: RunFolder):
 
 def dataset_answers(base: RunFolder, dest: Path) -> RunFolder:
     """(d) The chat data's own answers instead of the verifier's (``--regenerate`` left out)."""
-    s = base.settings()
+    s = base.spec()
     run = RunFolder(dest)
     _run(
         run,
-        *("--model", s["model"], "--data", s["data"], "--seq-length", s["seq_length"]),
-        *("--max-samples", s["max_samples"], "--draft-vocab-size", s["draft_vocab_size"]),
+        *("--model", s.model, "--data", s.data, "--seq-length", s.seq_length),
+        *("--max-samples", s.max_samples, "--draft-vocab-size", s.draft_vocab_size),
         *_extract_flags(),
         *_train_flags(),
     )
@@ -115,10 +115,10 @@ def other_vocab(base: RunFolder, dest: Path) -> RunFolder:
     from speculators_compat.tiny import chat_dataset_path
 
     other = RunFolder(dest.parent / f"{dest.name}-other")
-    s = base.settings()
+    s = base.spec()
     proc = cli(
-        *("prepare", "--model", s["model"], "--data", chat_dataset_path(), "--out", other.root),
-        *("--seq-length", s["seq_length"], "--max-samples", s["max_samples"], "--quiet"),
+        *("prepare", "--model", s.model, "--data", chat_dataset_path(), "--out", other.root),
+        *("--seq-length", s.seq_length, "--max-samples", s.max_samples, "--quiet"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = copy_run(base, dest, ("prepare", "extract"))
@@ -188,7 +188,7 @@ def test_targets_without_the_final_norm_keep_the_verifiers_argmax_here(base):
     from safetensors.torch import load_file
 
     run, _ = base
-    model = Path(run.settings()["model"])
+    model = Path(run.spec().model)
     weights = load_file(str(model / "model.safetensors"))
     eps = json.loads((model / "config.json").read_text())["rms_norm_eps"]
     head, norm = weights["lm_head.weight"].float(), weights["model.norm.weight"].float()

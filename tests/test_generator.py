@@ -15,7 +15,7 @@ import pytest
 import speculators_compat
 from speculators_compat.oracle.reference import TOLERANCE, relative_error, tolerance
 from speculators_compat.tiny import sample_token_ids, sharpened
-from tests.conftest import assert_mla_as_chosen, mla_skip_reason, unsupported_reason
+from tests.helpers import assert_mla_as_chosen, mla_skip_reason, unsupported_reason
 
 pytestmark = pytest.mark.engine
 

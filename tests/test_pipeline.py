@@ -244,7 +244,8 @@ def test_sigkill_during_extraction_loses_and_duplicates_nothing(tmp_path, victim
         # resumed in another dtype: refused before vLLM starts, nothing changed
         other = cli("extract", "--out", out, "--batch-size", "4", "--dtype", "bfloat16", "--quiet")
         assert other.returncode == 2, other.stderr[-3000:]
-        assert "were extracted in dtype float32" in other.stderr and "--dtype float32" in other.stderr
+        assert "dtype: 'float32' there, 'bfloat16' now" in other.stderr
+        assert "extracted in float32" in other.stderr and "--dtype float32" in other.stderr
     written = len(list(states.glob("data_*.pt")))
     assert 12 <= written < total, written
 

@@ -8,7 +8,7 @@ import pytest
 
 from speculators_compat.diagnose.preflight import shrink
 from speculators_compat.tiny import fixtures_dir
-from tests.conftest import unsupported_reason
+from tests.helpers import unsupported_reason
 from tests.pipeline_helpers import cli
 
 CONFIGS = fixtures_dir() / "preflight"

@@ -71,6 +71,9 @@ def test_demo_serves_its_draft_losslessly_and_reports_vllm_counters(served):
     run, report, stdout = served
     assert report["violations"] == [], report["violations"]
     assert report["identical"], report["ties"]  # float32, a confident verifier: not even a tie
+    # served in the dtype the training states were extracted in (vLLM's "auto" would serve this
+    # float32 checkpoint in bfloat16 on a CPU with AVX-512 BF16)
+    assert report["dtype"] == "float32", report
     assert report["drafts"] > 0 and report["draft_tokens"] == 3 * report["drafts"]
     assert len(report["accepted_per_position"]) == 3
     assert sum(report["accepted_per_position"]) == report["accepted_tokens"]
@@ -103,7 +106,7 @@ def test_regenerated_answers_are_the_verifier_own_greedy_tokens(served):
     from speculators_compat.oracle.reference import ReferenceModel
 
     run, _, _ = served
-    reference = ReferenceModel(run.settings()["model"])
+    reference = ReferenceModel(run.spec().model)
     agree = total = 0
     for i in range(10):
         data = torch.load(run.hidden_states / f"data_{i}.pt", weights_only=True)
@@ -204,7 +207,7 @@ def served_kimi(tmp_path_factory):
     smaller: run, then serve-check."""
     _needs_spec_decode()
     from speculators_compat.tiny import build, tasks_dataset_path
-    from tests.conftest import unsupported_reason
+    from tests.helpers import unsupported_reason
 
     reason = unsupported_reason("KimiK25ForConditionalGeneration")
     if reason:

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.pipeline.check import check_against_reference
-from speculators_compat.pipeline.extract import Shard
 from speculators_compat.pipeline.layout import RunFolder
+from speculators_compat.pipeline.spec import Shard
 from tests.pipeline_helpers import ROOT, cli, prepare
 
 TOTAL = 16

@@ -73,11 +73,6 @@ def resolve(path: str):
     return obj
 
 
-def _signature(obj) -> inspect.Signature:
-    # A class's own signature (pydantic dataclasses publish theirs), without ``self``.
-    return inspect.signature(obj)
-
-
 def call_drift(path: str, given: tuple[str, ...]) -> Callable[[], str | None]:
     """Check that ``path`` accepts the keywords ``given`` and needs no others."""
 
@@ -86,7 +81,7 @@ def call_drift(path: str, given: tuple[str, ...]) -> Callable[[], str | None]:
             obj = resolve(path)
         except (ImportError, AttributeError) as exc:
             return f"{path} is gone: {type(exc).__name__}: {exc}"
-        params = _signature(obj).parameters
+        params = inspect.signature(obj).parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
         unknown = [g for g in given if g not in params and not takes_any]
         required = [
@@ -193,7 +188,7 @@ def _model_points(arch: str) -> list[Point]:
         missing = call_drift(path, LAYER_ARGS)()
         if missing:
             return missing
-        params = [n for n in _signature(resolve(path)).parameters if n not in ("self", *LAYER_ARGS)]
+        params = [n for n in inspect.signature(resolve(path)).parameters if n not in ("self", *LAYER_ARGS)]
         extra = [n for n in params if not n.startswith("*")]
         if extra:
             return (

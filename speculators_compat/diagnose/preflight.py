@@ -169,8 +169,8 @@ class Report:
 def run_preflight(config_path: str | Path, *, out: Path | None = None, samples: int = 4) -> Report:
     """Build the shrunken model and run prepare, extract, vocab and one training step."""
     from ..pipeline.layout import RunFolder
-    from ..pipeline.runner import RunSettings, claim, run_stages
-    from ..pipeline.train import TrainOptions
+    from ..pipeline.runner import claim, run_stages
+    from ..pipeline.spec import RunOptions, RunRequest, TrainOptions
     from ..registry import applied
     from ..tiny import build_recipe, chat_dataset_path
 
@@ -204,21 +204,18 @@ def run_preflight(config_path: str | Path, *, out: Path | None = None, samples: 
     workdir = Path(out) if out else Path(tempfile.mkdtemp(prefix="speculators-compat-preflight-"))
     if step("build", build):
         run = RunFolder(workdir / "run")
-        settings = RunSettings(
-            model=str(model_dir),
-            data=str(chat_dataset_path()),
+        request = RunRequest.of(
+            RunOptions(batch_size=samples, progress=False, train=TrainOptions(epochs=1, total_seq_len=2048)),
+            model=model_dir,
+            data=chat_dataset_path(),
             seq_length=512,
             max_samples=samples,
-            batch_size=samples,
             draft_vocab_size=256,
-            train=TrainOptions(epochs=1, total_seq_len=2048),
         )
-        claim(run, settings, resume=False, overwrite=True)
+        claim(run, request, resume=False, overwrite=True)
         for stage in ("prepare", "extract", "vocab", "train"):
             label = "train (one step)" if stage == "train" else stage
-            if not step(
-                label, lambda s=stage: _facts(run_stages(run, settings, (s,), force=True, progress=False))
-            ):
+            if not step(label, lambda s=stage: _facts(run_stages(run, request.options, (s,), force=True))):
                 break
     return Report(shrunk, steps, applied(), str(model_dir) if model_dir else None)
 

@@ -15,7 +15,7 @@ def check_against_reference(run: RunFolder, samples: int = 3) -> float:
 
     config = json.loads((run.hidden_states / "data_config.json").read_text())
     layer_ids = config["hidden_states"]["layer_ids"]
-    reference = ReferenceModel(run.settings()["model"])
+    reference = ReferenceModel(run.spec().model)
     worst = 0.0
     for i in range(samples):
         path = run.hidden_states / f"data_{i}.pt"

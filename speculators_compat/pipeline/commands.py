@@ -11,9 +11,9 @@ from pathlib import Path
 import click
 
 from .errors import PipelineError
-from .layout import IDENTITY, STAGES, RunFolder
-from .runner import RunSettings, StageReport, claim, environment_line, run_stages
-from .train import PRECISIONS, TrainOptions
+from .layout import STAGES, RunFolder
+from .runner import StageReport, claim, environment_line, run_stages
+from .spec import IDENTITY, PRECISIONS, RunOptions, RunRequest, Shard, TrainOptions
 
 #: Tokens per regenerated assistant turn in the demo (its chat answers are 40-120 tokens).
 DEMO_REGENERATE_TOKENS = 128
@@ -28,29 +28,31 @@ DEMO_VERIFIERS = {
 }
 
 
-def demo_settings(
+def demo_request(
     verifier: str,
     model: Path | None = None,
     *,
     samples: int = 300,
     epochs: int = DEMO_EPOCHS,
     regenerate: bool = True,
-) -> RunSettings:
+    progress: bool = True,
+) -> RunRequest:
     """The demo's run on ``verifier`` (a key of :data:`DEMO_VERIFIERS`) built at ``model``
     (tests derive their runs' flags from it)."""
     from .. import tiny
 
     _, data = DEMO_VERIFIERS[verifier]
-    return RunSettings(
-        model=str(model) if model else None,
-        data=str(getattr(tiny, data)()),
+    return RunRequest.of(
+        RunOptions(
+            batch_size=32, progress=progress, train=TrainOptions(epochs=epochs, lr=1e-3, total_seq_len=1024)
+        ),
+        model=model,
+        data=getattr(tiny, data)(),
         seq_length=512,
         max_samples=samples,
         regenerate=DEMO_REGENERATE_TOKENS if regenerate else None,
-        batch_size=32,
         dtype="float32",
         draft_vocab_size=256,
-        train=TrainOptions(epochs=epochs, lr=1e-3, total_seq_len=1024),
     )
 
 
@@ -66,8 +68,6 @@ def _layer_ids(_ctx, _param, value):
 def _shard(_ctx, _param, value):
     if value is None:
         return None
-    from .extract import Shard
-
     try:
         return Shard.parse(value)
     except ValueError as exc:
@@ -165,7 +165,9 @@ def _common(stages: tuple[str, ...]):
                     type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
                     default="auto",
                     show_default=True,
-                    help="Extraction dtype (auto: vLLM's choice for the checkpoint).",
+                    help="What the verifier runs in, extracting (and serving in serve-check): auto is "
+                    "vLLM's choice for the checkpoint. The run keeps it; it may change until "
+                    "extraction starts.",
                 ),
             ]
         if "vocab" in stages:
@@ -216,7 +218,8 @@ def _common(stages: tuple[str, ...]):
     return decorate
 
 
-def _settings(kw: dict) -> RunSettings:
+def _request(kw: dict, quiet: bool) -> RunRequest:
+    """A stage command's options: the run's identity values it gives, and its knobs."""
     train = TrainOptions(
         **{
             k: kw[k]
@@ -224,14 +227,9 @@ def _settings(kw: dict) -> RunSettings:
             if k in kw
         }
     )
-    s = RunSettings(train=train)
-    # The run's identity settings, then those that may change between invocations.
-    for k in (*IDENTITY, "batch_size", "tensor_parallel_size", "num_proc", "shard"):
-        if k in kw:
-            setattr(s, k, str(kw[k]) if isinstance(kw[k], Path) else kw[k])
-    if kw.get("dtype") not in (None, "auto"):
-        s.dtype = kw["dtype"]
-    return s
+    knobs = {k: kw[k] for k in ("batch_size", "tensor_parallel_size", "num_proc", "shard") if kw.get(k)}
+    options = RunOptions(**knobs, progress=not quiet, train=train)
+    return RunRequest.of(options, **{k: kw[k] for k in IDENTITY if k in kw})
 
 
 def _logging(quiet: bool) -> None:
@@ -292,10 +290,10 @@ def _stage_command(main, name: str, stages: tuple[str, ...], doc: str):
     def command(out, resume, overwrite, quiet, **kw):
         _logging(quiet)
         run = RunFolder(out)
-        s = _settings(kw)
-        claim(run, s, resume=resume, overwrite=overwrite)
+        request = _request(kw, quiet)
+        claim(run, request, resume=resume, overwrite=overwrite)
         t0 = time.perf_counter()
-        reports = run_stages(run, s, stages, force=force, progress=not quiet)
+        reports = run_stages(run, request.options, stages, force=force)
         _summary(run, reports, time.perf_counter() - t0)
 
     command = _guard(command)
@@ -370,9 +368,11 @@ def register(main) -> None:
         model = tiny.build(recipe, "float32")
         click.echo(f"fixture {recipe} (float32) at {model}  [{time.perf_counter() - t0:.1f}s]")
         run = RunFolder(out)
-        s = demo_settings(verifier, model, samples=samples, epochs=epochs, regenerate=regenerate)
-        claim(run, s, resume=False, overwrite=overwrite)
-        reports = run_stages(run, s, STAGES, progress=not quiet)
+        request = demo_request(
+            verifier, model, samples=samples, epochs=epochs, regenerate=regenerate, progress=not quiet
+        )
+        claim(run, request, resume=False, overwrite=overwrite)
+        reports = run_stages(run, request.options, STAGES)
         _summary(run, reports, time.perf_counter() - t0)
         from .check import check_against_reference
 
@@ -446,6 +446,12 @@ def _serve_check(run: RunFolder, **kw) -> bool:
 
 
 def register_serve_check(main) -> None:
+    from .serve import cpu_spec_decode_text
+
+    def with_versions(f):  # the CPU builds that serve, in the help, from serve.CPU_SPEC_DECODE
+        f.__doc__ = f.__doc__.replace("CPU_SPEC_DECODE", cpu_spec_decode_text())
+        return f
+
     @main.command("serve-check")
     @click.option(
         "--out", type=click.Path(path_type=Path), required=True, help="Run folder with a trained draft."
@@ -464,6 +470,7 @@ def register_serve_check(main) -> None:
         "--num-speculative-tokens", default=3, show_default=True, help="Draft tokens per verifier step."
     )
     @_guard
+    @with_versions
     def serve_check_command(out, draft, prompts, max_tokens, num_speculative_tokens):
         """Serve the run's draft next to its verifier in vLLM's own EAGLE-3 speculative decoding
         and measure it on held-out prompts.
@@ -473,7 +480,7 @@ def register_serve_check(main) -> None:
         the draft, and whether greedy outputs are identical (they must be); writes
         serve_check.json in the run folder. Exits 1 if the outputs differ. Refuses a draft whose
         eagle_aux_hidden_state_layer_ids are not its training data's. Needs a vLLM that runs
-        speculative decoding here (GPU, or a CPU build of 0.20-0.22 or 0.32)."""
+        speculative decoding here (GPU, or a CPU build of CPU_SPEC_DECODE)."""
         _logging(quiet=True)
         run = RunFolder(out)
         ok = _serve_check(

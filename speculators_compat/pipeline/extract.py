@@ -29,35 +29,10 @@ from .atomic import remove_partials, write_file, write_json
 from .errors import PipelineError
 from .layout import RunFolder
 from .model_info import ModelInfo
+from .spec import WHOLE, RunOptions, RunSpec, Shard
 
 log = logging.getLogger("speculators_compat.pipeline")
 _SAMPLE = re.compile(r"^data_(\d+)\.pt$")
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Shard ``index`` of ``count``: the samples ``i`` with ``i % count == index``."""
-
-    index: int = 0
-    count: int = 1
-
-    @classmethod
-    def parse(cls, text: str) -> Shard:
-        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-        if not m or not int(m.group(1)) < int(m.group(2)):
-            raise ValueError(
-                f"{text!r}: give the shard as I/N with 0 <= I < N, e.g. 0/4 ... 3/4 for four machines"
-            )
-        return cls(int(m.group(1)), int(m.group(2)))
-
-    def owns(self, i: int) -> bool:
-        return i % self.count == self.index
-
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
-
-
-WHOLE = Shard()
 
 
 @dataclass
@@ -112,17 +87,9 @@ def compat_record(info: ModelInfo, layer_ids: list[int], dtype: str | None) -> d
 
 
 def extract(
-    run: RunFolder,
-    info: ModelInfo,
-    *,
-    layer_ids: list[int],
-    seq_length: int,
-    batch_size: int,
-    tensor_parallel_size: int = 1,
-    dtype: str | None = None,
-    progress: bool = True,
-    shard: Shard = WHOLE,
+    run: RunFolder, spec: RunSpec, info: ModelInfo, options: RunOptions, *, layer_ids: list[int]
 ) -> ExtractResult:
+    """The states of ``options.shard``'s samples that are not on disk yet, at ``layer_ids``."""
     import datasets
     from tqdm import tqdm
 
@@ -140,7 +107,10 @@ def extract(
     out = run.hidden_states
     out.mkdir(parents=True, exist_ok=True)
     have = existing_samples(out)  # (partly written files are not data_{i}.pt: the same after)
-    with extraction_dtype(dtype):  # --dtype, else SPECULATORS_COMPAT_DTYPE, else vLLM's "auto"
+    seq_length, batch_size, shard = spec.seq_length, options.batch_size, options.shard
+    tensor_parallel_size, progress = options.tensor_parallel_size, options.progress
+    # the run's dtype (--dtype), else SPECULATORS_COMPAT_DTYPE, else vLLM's "auto"
+    with extraction_dtype(spec.dtype):
         wanted = chosen_dtype()
     _start_shard(run, shard, wanted, have)  # before any file is touched
     # A shard removes only its own samples' leftovers: another may be writing its files now.
@@ -229,21 +199,15 @@ def extract(
             describe_missing(run, missing),
         )
         return result
-    write_data_config(run, info, layer_ids, seq_length, len(prepared), tensor_parallel_size, wanted)
+    write_data_config(run, spec, info, layer_ids, len(prepared), tensor_parallel_size, wanted)
     run.mark_done("extract", **{k: v for k, v in vars(result).items() if k != "missing"})
     return result
-
-
-def extraction_record(run: RunFolder) -> Path:
-    """``hidden_states/extraction.json``: the dtype of the samples and each shard's host, pid
-    and times. In ``hidden_states/``, so that deleting the samples deletes it too."""
-    return run.hidden_states / "extraction.json"
 
 
 def _read_record(run: RunFolder) -> dict:
     import json
 
-    path = extraction_record(run)
+    path = run.extraction_record
     return json.loads(path.read_text()) if path.is_file() else {"dtype": None, "shards": {}}
 
 
@@ -336,19 +300,20 @@ def _start_shard(run: RunFolder, shard: Shard, wanted: str, have: set[int]) -> N
         if before is not None and before != wanted:
             raise PipelineError(
                 f"{len(have)} samples in {run.hidden_states} were extracted in dtype {before} (or "
-                f"are being extracted: {extraction_record(run).name} records it); this command "
+                f"are being extracted: {run.extraction_record.name} records it); this command "
                 f"extracts in {wanted}. Pass --dtype {before} to continue them, or delete "
                 f"{run.hidden_states} to extract every sample in {wanted} (nothing was changed)."
             )
         _no_overlap(record.get("shards", {}), shard)
         record["dtype"] = wanted
+        state["settings"].setdefault("dtype", wanted)  # the run's from now on (serving too)
         record.setdefault("shards", {})[str(shard)] = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "finished_at": None,
         }
-        write_json(extraction_record(run), record)
+        write_json(run.extraction_record, record)
 
 
 def _no_overlap(shards: dict, shard: Shard) -> None:
@@ -393,7 +358,7 @@ def _finish_shard(run: RunFolder, shard: Shard, extracted: int) -> None:
         record = _read_record(run)
         entry = record.setdefault("shards", {}).setdefault(str(shard), {})
         entry.update(finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), extracted=extracted)
-        write_json(extraction_record(run), record)
+        write_json(run.extraction_record, record)
 
 
 def missing_samples(run: RunFolder, samples: int) -> list[int]:
@@ -440,7 +405,7 @@ def require_all_samples(run: RunFolder, needed_by: str) -> None:
     training set with samples missing (a shard that did not finish) is refused, naming them."""
     samples = run.require("prepare", needed_by)["samples"]
     missing = missing_samples(run, samples)
-    if len(missing) == samples and not extraction_record(run).is_file():
+    if len(missing) == samples and not run.extraction_record.is_file():
         run.require("extract", needed_by)  # never started: the plain "run extract first"
     if missing:
         raise PipelineError(
@@ -479,9 +444,9 @@ def _owning(state):
 
 def write_data_config(
     run: RunFolder,
+    spec: RunSpec,
     info: ModelInfo,
     layer_ids: list[int],
-    seq_length: int,
     samples: int,
     tensor_parallel_size: int,
     dtype: str | None,
@@ -489,7 +454,6 @@ def write_data_config(
     """speculators' own ``DataGenerationConfig`` plus a ``speculators_compat`` section."""
     from speculators.data_generation.config_generator import DataGenerationConfig
 
-    settings = run.settings()
     # from_generator reads only these attributes: the config does not need a live engine (so it
     # can be written after a resumed run that had nothing left to extract).
     generator = types.SimpleNamespace(
@@ -500,12 +464,12 @@ def write_data_config(
     )
     config = DataGenerationConfig.from_generator(
         generator=generator,
-        train_data_path=str(settings.get("data", "")),
-        seq_length=seq_length,
+        train_data_path=str(spec.data or ""),
+        seq_length=spec.seq_length,
         cache_dir=str(run.root / ".hf-cache"),
         num_samples=samples,
-        max_samples=settings.get("max_samples"),
-        seed=settings.get("seed", 0),
+        max_samples=spec.max_samples,
+        seed=spec.seed,
     ).to_dict()
     config["speculators_compat"] = compat_record(info, layer_ids, dtype)
     write_json(run.hidden_states / "data_config.json", config)

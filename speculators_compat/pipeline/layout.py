@@ -30,19 +30,9 @@ from pathlib import Path
 
 from .atomic import write_json
 from .errors import PipelineError
+from .spec import IDENTITY, RunSpec
 
 STAGES = ("prepare", "extract", "vocab", "train")
-#: Settings that define a run: a folder holding other values holds a different run.
-IDENTITY = (
-    "model",
-    "data",
-    "seq_length",
-    "max_samples",
-    "seed",
-    "regenerate",
-    "layer_ids",
-    "draft_vocab_size",
-)
 
 
 class RunFolder:
@@ -54,6 +44,9 @@ class RunFolder:
         self.token_freq = self.root / "token_freq.pt"
         self.regenerated = self.root / "regenerated.jsonl"
         self.hidden_states = self.root / "hidden_states"
+        #: The dtype of the samples and each shard's host, pid and times (in ``hidden_states/``:
+        #: deleting the samples deletes it too).
+        self.extraction_record = self.hidden_states / "extraction.json"
         self.vocab = self.root / "vocab"
         self.checkpoints = self.root / "checkpoints"
         self.metrics = self.root / "train_metrics.jsonl"
@@ -74,6 +67,16 @@ class RunFolder:
     def settings(self) -> dict:
         return self.read()["settings"]
 
+    def spec(self) -> RunSpec:
+        """The run this folder holds (refused, saying how to start one, where it holds none)."""
+        return RunSpec.from_settings(self.settings(), self.root)
+
+    def extraction_started(self) -> bool:
+        """Samples were extracted (or are being extracted) here: their dtype is fixed."""
+        return self.extraction_record.is_file() or (
+            self.hidden_states.is_dir() and any(self.hidden_states.glob("data_*.pt"))
+        )
+
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """No other process of this run (another shard, on this machine or another) changes the
@@ -93,12 +96,17 @@ class RunFolder:
             yield state
             write_json(self.manifest, state)
 
-    def claim(self, settings: dict, *, resume: bool = False, overwrite: bool = False) -> dict:
-        """Make this folder hold the run with ``settings``; returns the settings in force.
+    def claim(self, identity: dict, *, resume: bool = False, overwrite: bool = False) -> RunSpec:
+        """Make this folder hold the run with ``identity`` (a :class:`RunRequest`'s: the values a
+        command gives); returns the run in force.
 
         A folder holding a different run is refused unless ``resume`` (keep its settings and
-        continue it) or ``overwrite`` (delete its outputs and start this run)."""
-        settings = {k: v for k, v in settings.items() if v is not None}
+        continue it) or ``overwrite`` (delete its outputs and start this run). The dtype may
+        change until extraction starts."""
+        settings = {k: v for k, v in identity.items() if v is not None}
+        unknown = set(settings) - set(IDENTITY)
+        if unknown:
+            raise ValueError(f"not identity settings: {sorted(unknown)}")
         others = self.root.is_dir() and any(p != self.lock_file for p in self.root.iterdir())
         if not self.manifest.is_file() and others:
             raise PipelineError(
@@ -106,13 +114,21 @@ class RunFolder:
                 "nothing there is touched. Choose an empty or new --out folder."
             )
         with self.update() as state:
-            return self._claim(state, settings, resume, overwrite)
+            self._claim(state, settings, resume, overwrite)
+        return self.spec()
 
-    def _claim(self, state: dict, settings: dict, resume: bool, overwrite: bool) -> dict:
+    def _claim(self, state: dict, settings: dict, resume: bool, overwrite: bool) -> None:
         old = state["settings"]
+        if old and "dtype" not in old and self.extraction_record.is_file():
+            # a folder of an earlier version: its samples' dtype is in the extraction record only
+            recorded = json.loads(self.extraction_record.read_text()).get("dtype")
+            if recorded:
+                old["dtype"] = recorded
         differs = {
             k: (old[k], settings[k]) for k in IDENTITY if k in old and k in settings and old[k] != settings[k]
         }
+        if "dtype" in differs and not self.extraction_started():
+            del differs["dtype"]  # nothing extracted yet: this command's dtype is the run's
         if differs and overwrite:
             self.clear()
             state.clear()
@@ -121,13 +137,19 @@ class RunFolder:
             settings = {**settings, **{k: old[k] for k in differs}}
         elif differs:
             lines = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in differs.items())
+            dtype = ""
+            if "dtype" in differs:
+                there, now = differs["dtype"]
+                dtype = (
+                    f" Its samples were extracted in {there}: pass --dtype {there} to continue them, or "
+                    f"delete {self.hidden_states} to extract them again in {now}."
+                )
             raise PipelineError(
-                f"{self.root} already holds a different run ({lines}). Pass --resume to continue "
-                "that run with its own settings, --overwrite to delete its outputs and start this "
-                "one, or choose another --out folder."
+                f"{self.root} already holds a different run ({lines}).{dtype} Pass --resume to "
+                "continue that run with its own settings, --overwrite to delete its outputs and start "
+                "this one, or choose another --out folder. Nothing was changed."
             )
         state["settings"] = {**state["settings"], **settings}
-        return state["settings"]
 
     def clear(self) -> None:
         for p in (self.prepared, self.hidden_states, self.vocab, self.checkpoints):

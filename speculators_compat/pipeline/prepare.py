@@ -9,6 +9,8 @@ from pathlib import Path
 from .atomic import write_dir, write_file
 from .errors import PipelineError
 from .layout import RunFolder
+from .model_info import ModelInfo
+from .spec import RunSpec
 
 log = logging.getLogger("speculators_compat.pipeline")
 
@@ -98,24 +100,18 @@ def load_conversations(data: str | Path, cache_dir: Path):
     return raw
 
 
-def prepare(
-    run: RunFolder,
-    *,
-    model: Path,
-    data: Path,
-    seq_length: int,
-    max_samples: int | None,
-    seed: int,
-    num_proc: int = 1,
-    regenerate_max_tokens: int | None = None,
-    dtype: str | None = None,
-) -> PrepareResult:
+def prepare(run: RunFolder, spec: RunSpec, info: ModelInfo, *, num_proc: int = 1) -> PrepareResult:
+    """``spec.data``'s conversations, shuffled with the run's seed, at most ``max_samples``,
+    tokenized with the verifier's chat template (its answers regenerated first where the run
+    asks for it) and cut to ``seq_length``."""
     import datasets
     from speculators.data_generation.preprocessing import build_eagle3_dataset
     from speculators.train.vocab_mapping import save_token_frequency_distribution
     from transformers import AutoTokenizer
 
-    raw = load_conversations(data, run.root / ".hf-cache").shuffle(seed=seed)
+    model, data, seq_length, max_samples = info.path, Path(spec.data), spec.seq_length, spec.max_samples
+    regenerate_max_tokens = spec.regenerate
+    raw = load_conversations(data, run.root / ".hf-cache").shuffle(seed=spec.seed)
     if max_samples is not None and len(raw) > max_samples:
         raw = raw.select(range(max_samples))
     tokenizer = AutoTokenizer.from_pretrained(str(model), trust_remote_code=True)
@@ -135,7 +131,7 @@ def prepare(
             model=model,
             seq_length=seq_length,
             max_tokens=regenerate_max_tokens,
-            dtype=dtype or "auto",
+            dtype=spec.dtype or "auto",
         )
         if result.skipped:
             log.warning(

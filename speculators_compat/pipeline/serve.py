@@ -45,6 +45,20 @@ log = logging.getLogger("speculators_compat.pipeline")
 CPU_SPEC_DECODE = ">=0.20,<0.23 || >=0.32"
 
 
+def cpu_spec_decode_text() -> str:
+    """:data:`CPU_SPEC_DECODE` in words: ``0.20-0.22 or 0.32 and later``."""
+    words = []
+    for part in CPU_SPEC_DECODE.split("||"):
+        bounds = dict(re.findall(r"(>=|<)\s*([\d.]+)", part))
+        low, high = bounds.get(">="), bounds.get("<")
+        if high:
+            major, minor = high.split(".")[:2]
+            words.append(f"{low}-{major}.{int(minor) - 1}")
+        else:
+            words.append(f"{low} and later")
+    return " or ".join(words)
+
+
 def vllm_aux_layer_ids(captured: list[int]) -> list[int]:
     """vLLM's ``eagle_aux_hidden_state_layer_ids`` for data captured at speculators' ``captured``
     layer ids (three auxiliary layers, then the target layer): each auxiliary layer's output is
@@ -295,6 +309,8 @@ class ServeReport:
     violations: list[dict] = field(default_factory=list)
     #: Shims active in the serving engines (fixes of vLLM's own engine bugs only).
     serving_shims: list[str] = field(default_factory=list)
+    #: What vLLM served the verifier in (the run's extraction dtype, unless ``--dtype``).
+    dtype: str = "auto"
 
     @property
     def lossless(self) -> bool:
@@ -306,7 +322,7 @@ class ServeReport:
         return [
             f"draft          {self.draft} (aux layer ids {self.aux_layer_ids})",
             f"prompts        {self.prompts} held-out prompts, {self.max_tokens} greedy tokens each, "
-            f"{self.num_speculative_tokens} speculative tokens",
+            f"{self.num_speculative_tokens} speculative tokens, verifier in {self.dtype}",
             f"acceptance     {self.acceptance_rate:.3f} ({self.accepted_tokens} of {self.draft_tokens} "
             f"drafted tokens, {self.drafts} drafts)",
             f"per position   {per_pos}  (accepted {self.accepted_per_position})",
@@ -404,8 +420,10 @@ def serve_check(
     ones its training data was captured at (off only to measure such a draft on purpose)."""
     reason = cpu_spec_decode_unsupported()
     if reason:
-        raise PipelineError(reason + ". Serve the draft on a GPU, or check it with a CPU build of 0.20-0.22.")
-    settings = run.settings()
+        raise PipelineError(
+            f"{reason}. Serve the draft on a GPU, or check it with a CPU build of {cpu_spec_decode_text()}."
+        )
+    run_spec = run.spec()
     draft = Path(draft) if draft else latest_checkpoint(run)
     config = json.loads((draft / "config.json").read_text())
     aux = config.get("eagle_aux_hidden_state_layer_ids")
@@ -421,8 +439,9 @@ def serve_check(
     chosen = [ids[:cut] for _, cut, ids in windows]
     longest = max(len(p) for p in chosen) + max_tokens + num_speculative_tokens + 1
     request = {
-        "verifier": settings["model"],
-        "dtype": dtype or settings.get("dtype") or "auto",
+        "verifier": run_spec.model,
+        # the dtype the run extracted its training states in (vLLM's "auto" if none was chosen)
+        "dtype": dtype or run_spec.dtype or "auto",
         "max_model_len": max(longest, 256),
         "max_num_seqs": len(chosen),
         "prompts": chosen,
@@ -434,7 +453,7 @@ def serve_check(
     }
     from .model_info import inspect_model
 
-    if inspect_model(settings["model"]).wrapper:
+    if inspect_model(run_spec.model).wrapper:
         # Text-only serving of a multimodal wrapper (Kimi-K2.5): no image inputs.
         request["limit_mm_per_prompt"] = text_only_limits()
     base = run_engine({**request, "logprobs": LOGPROBS})
@@ -476,6 +495,7 @@ def serve_check(
         ties=[dataclasses.asdict(d) for d in parted if d.tie],
         violations=[dataclasses.asdict(d) for d in parted if not d.tie],
         serving_shims=serving_shims(),
+        dtype=spec["dtype"],
     )
     return report
 

@@ -17,31 +17,9 @@ from .errors import PipelineError
 from .extract import require_all_samples, sample_index
 from .layout import RunFolder
 from .model_info import ModelInfo
+from .spec import PRECISIONS, RunSpec, TrainOptions
 
 log = logging.getLogger("speculators_compat.pipeline")
-
-
-@dataclass
-class TrainOptions:
-    epochs: int = 3
-    lr: float = 1e-4
-    num_layers: int = 1
-    ttt_steps: int = 3
-    ttt_step_loss_decay: float = 1.0
-    total_seq_len: int = 8192
-    #: Data loader workers; None: :func:`loader_workers` (on a GPU, loading runs beside the step).
-    num_workers: int | None = None
-    noise_std: float = 0.05
-    val_ratio: float = 0.9
-    #: What the draft's float32 matmuls run in (:data:`PRECISIONS`); None: the device's default.
-    precision: str | None = None
-
-
-#: ``train --precision``: fp32, speculators 0.3.0 as it ships (on a GPU every matmul at the fp32
-#: ceiling); tf32, float32 weights and activations with TensorFloat-32 matmuls (a CUDA GPU's
-#: tensor cores, set before speculators compiles the draft). The default: tf32 on a CUDA GPU,
-#: fp32 on a CPU (TF32 is a GPU format). docs/performance.md has the measured speeds and losses.
-PRECISIONS = ("fp32", "tf32")
 
 
 #: Data loader workers on a CUDA GPU by default (each reads, casts and adds noise to whole batches:
@@ -214,7 +192,9 @@ def transformer_layer_config(info: ModelInfo, num_layers: int):
     return config, verifier
 
 
-def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: bool = True) -> TrainResult:
+def train(
+    run: RunFolder, spec: RunSpec, info: ModelInfo, options: TrainOptions, *, progress: bool = True
+) -> TrainResult:
     import numpy as np
     import torch
     from speculators.config import SpeculatorsConfig, VerifierConfig
@@ -243,7 +223,7 @@ def train(run: RunFolder, info: ModelInfo, options: TrainOptions, *, progress: b
     # the CPU): the same run folder trains the same draft on a CPU and on a GPU, up to numerics,
     # with --num-workers 0 --precision fp32. (Loader workers, a GPU's default, draw the noise in
     # their own processes, seeded from this seed: runs repeat, but their noise is not the CPU's.)
-    torch.manual_seed(int(run.settings().get("seed") or 0))
+    torch.manual_seed(spec.seed)
     d2t = torch.from_numpy(np.load(run.vocab / "d2t.npy")).to(device)
     t2d = torch.from_numpy(np.load(run.vocab / "t2d.npy")).to(device)
     layer_config, verifier = transformer_layer_config(info, options.num_layers)

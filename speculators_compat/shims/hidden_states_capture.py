@@ -109,7 +109,8 @@ SHIM = Shim(
     "(+ _reset_capture, _get_captured_states)",
     vllm=">=0.11",
     symptom="Worker failed with error 'Model DeepseekV3ForCausalLM does not support hidden state "
-    "extraction'; AttributeError: 'LlamaModel' object has no attribute 'get_input_embeddings'",
+    "extraction' (vLLM up to 0.17); from 0.32: AttributeError: 'DeepseekV2Model' object has no "
+    "attribute 'get_input_embeddings'",
     hook_module=WORKER,
     probe=probe,
     patch=patch,

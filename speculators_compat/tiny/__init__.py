@@ -39,8 +39,6 @@ __all__ = [
 #: Bump when the builder's output changes for an unchanged recipe (it is part of the cache key).
 BUILDER_VERSION = 1
 
-_DTYPES = ("float32", "bfloat16", "float16")
-
 
 def fixtures_dir() -> Path:
     """The ``fixtures/`` folder: inside the installed wheel, or at the top of a source checkout."""

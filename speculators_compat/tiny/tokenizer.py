@@ -9,8 +9,6 @@ families of markers it meets in practice:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 STYLES: dict[str, dict] = {
     "kimi": {
         "bos": "[BOS]",
@@ -95,7 +93,3 @@ def build_tokenizer(corpus: list[str], vocab_size: int, style: str):
     )
     fast.chat_template = spec["template"]
     return fast
-
-
-def save_tokenizer(tokenizer, out_dir: Path) -> None:
-    tokenizer.save_pretrained(str(out_dir))

@@ -39,12 +39,3 @@ def state():
         return {s.shim.name: s.state for s in speculators_compat.apply_now()}[shim.name]
 
     return get
-
-
-def needs_claim(claimed, shim):
-    if not claimed(shim):
-        v = installed_versions()
-        pytest.skip(
-            f"vLLM {v.vllm} / transformers {v.transformers} is outside {shim.name}'s range "
-            f"{shim.vllm} / {shim.transformers or 'any'}"
-        )

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.shims.cache_config_prefix_caching import SHIM
-from tests.helpers import run_generator
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim, run_generator
 
 
 def test_without_it_a_bare_assert_or_states_missing_for_shared_prefixes(claimed):

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from speculators_compat.shims.collective_rpc_unique_reply import SHIM
-from tests.helpers import run_generator
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim, run_generator
 
 
 def test_without_it_speculators_takes_the_first_layer_for_the_list(claimed):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.shims.cpu_attention_block_size import SHIM, cpu_block_size
-from tests.helpers import run_generator
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim, run_generator
 
 
 def test_the_generator_block_size_is_one_vllm_accepts(state):

@@ -14,9 +14,7 @@ import torch
 import speculators_compat
 from speculators_compat.oracle.reference import tolerance
 from speculators_compat.shims.cpu_rotary_embedding_3d import SHIM, rotation_error
-from tests.conftest import mla_skip_reason
-from tests.helpers import run_generator
-from tests.shims.conftest import needs_claim
+from tests.helpers import mla_skip_reason, needs_claim, run_generator
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-backend shim")
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from speculators_compat.shims.draft_attention_cpu_grad import ATTENTION, SHIM
-from tests.helpers import run_draft
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim, run_draft
 
 pytestmark = [pytest.mark.training, pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only shim")]
 

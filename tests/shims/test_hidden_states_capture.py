@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 from speculators_compat.shims.hidden_states_capture import SHIM
-from tests.helpers import run_generator
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim, run_generator
 
 
 def test_without_it_deepseek_is_refused_by_the_eagle3_gate(claimed):
@@ -13,9 +14,11 @@ def test_without_it_deepseek_is_refused_by_the_eagle3_gate(claimed):
     assert not result["ok"]
     # Up to 0.17 the supports_eagle3 gate refuses DeepSeek; vLLM 0.32's DeepSeek declares
     # SupportsEagle3, and speculators' forward then fails on the missing get_input_embeddings.
-    assert (
-        "Model DeepseekV3ForCausalLM does not support hidden state extraction" in result["message"]
-        or "'DeepseekV2Model' object has no attribute 'get_input_embeddings'" in result["message"]
-    ), result["message"]
-    assert "get_input_embeddings" in SHIM.symptom
-    assert "does not support hidden state extraction" in SHIM.symptom
+    # What vLLM said is what the shim's record tells users they will see.
+    seen = re.search(
+        r"Model DeepseekV3ForCausalLM does not support hidden state extraction"
+        r"|'\w+' object has no attribute 'get_input_embeddings'",
+        result["message"],
+    )
+    assert seen, result["message"]
+    assert seen.group(0) in SHIM.symptom, (seen.group(0), SHIM.symptom)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from speculators_compat.shims.kernel_rebind_scan import SHIM
-from tests.helpers import run_python
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim, run_python
 
 pytestmark = pytest.mark.engine
 

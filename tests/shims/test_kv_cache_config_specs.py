@@ -8,7 +8,7 @@ import pytest
 
 from speculators_compat.shims._targets import GENERATOR, module
 from speculators_compat.shims.kv_cache_config_specs import SHIM
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim
 
 # No KV-cache groups (an attention-free model): every release in the shim's range returns a
 # one-block KVCacheConfig, reading at most the cache config's prefix-cache retention (0.32), so

@@ -6,8 +6,7 @@ import pytest
 
 from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.shims.kv_cache_layout import SHIM, probe
-from tests.helpers import run_generator
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim, run_generator
 
 
 def test_without_it_the_layout_is_never_resolved(claimed):

@@ -10,8 +10,7 @@ import os
 from speculators_compat.registry import DISABLE_ENV
 from speculators_compat.shims._targets import GENERATOR
 from speculators_compat.shims.kv_cache_utils_moved import NAMES, PLANNING, SHIM, UTILS
-from tests.helpers import fresh, run_python
-from tests.shims.conftest import needs_claim
+from tests.helpers import fresh, needs_claim, run_python
 
 
 def test_without_the_shim_the_generator_does_not_import(claimed):

@@ -6,8 +6,7 @@ import pytest
 
 from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.shims.multimodal_text_only import SHIM
-from tests.conftest import unsupported_reason
-from tests.helpers import run_generator
+from tests.helpers import run_generator, unsupported_reason
 
 
 def test_without_it_the_wrapper_wants_vision_weights_and_with_it_states_match():

@@ -6,7 +6,7 @@ import pytest
 
 from speculators_compat.shims._targets import GENERATOR, module
 from speculators_compat.shims.request_eos_token_id import SHIM
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim
 
 
 def _call():

@@ -6,7 +6,7 @@ import pytest
 
 from speculators_compat.shims._targets import GENERATOR, module
 from speculators_compat.shims.scheduler_block_size import SHIM
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim
 
 
 def test_unpatched_fails_with_the_symptom(claimed, state):

@@ -6,7 +6,7 @@ import pytest
 
 from speculators_compat.shims._targets import GENERATOR, module
 from speculators_compat.shims.scheduler_config_encoder_decoder import SHIM
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim
 
 KWARGS = dict(max_num_seqs=32, max_model_len=2048, max_num_batched_tokens=8192)
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from speculators_compat.oracle.reference import TOLERANCE
 from speculators_compat.shims.token_attribution import SHIM
-from tests.helpers import run_generator
-from tests.shims.conftest import needs_claim
+from tests.helpers import needs_claim, run_generator
 
 
 def test_without_it_states_land_on_the_wrong_sequences_and_with_it_they_do_not(claimed):
