@@ -41,6 +41,11 @@ class Shim:
     #: the engines that serve-check and ``prepare --regenerate`` start keep this shim, and only
     #: the shims so marked.
     serving: bool = False
+    #: Where the drift is tracked or was fixed upstream (the speculators or vLLM issue or PR), or
+    #: why there is none.
+    upstream: str = ""
+    #: The release that makes the shim unneeded, or "never ..." and why.
+    remove_when: str = ""
 
 
 #: Where a shim with ``platform`` set applies: the shim table's "where" column (docs/shims.md,
@@ -61,6 +66,9 @@ def markdown_table(shims: list[Shim]) -> str:
         lines.append(
             f"| `{shim.name}` | `{cell(vllm)}` | {where} | `{cell(shim.target)}` | {cell(shim.symptom)} |"
         )
+    lines += ["", "Where each came from and when it goes:", ""]
+    lines += ["| shim | upstream | remove when |", "| --- | --- | --- |"]
+    lines += [f"| `{s.name}` | {cell(s.upstream)} | {cell(s.remove_when)} |" for s in shims]
     return "\n".join(lines) + "\n"
 
 

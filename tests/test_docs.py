@@ -22,6 +22,17 @@ def test_the_shim_table_in_the_docs_is_the_registry():
         assert f"| `{shim.name}` |" in block.group(1)
 
 
+def test_every_shim_says_where_it_came_from_and_when_it_goes():
+    """``upstream`` names an issue or PR (``#N``) or says why there is none; ``remove_when`` names
+    a release or says "never" and why; a shim whose vLLM range ends names that release."""
+    for shim in SHIMS:
+        assert re.search(r"#\d+", shim.upstream) or shim.upstream.startswith("none"), shim
+        assert re.search(r"\b\d+\.\d+", shim.remove_when) or shim.remove_when.startswith("never"), shim
+        end = re.search(r"<\s*(\d+\.\d+)", shim.vllm)
+        if end:
+            assert f"vLLM {end.group(1)}" in shim.remove_when, shim
+
+
 def test_status_markdown_prints_the_table_and_applies_nothing():
     code = (
         "import sys; from speculators_compat.cli import main; "

@@ -83,3 +83,10 @@ def raising_instead(original, translate, catch: type[BaseException] = Exception)
             raise replacement from exc
 
     return call
+
+
+#: ``remove_when`` of the shims of speculators 0.3.0's own hidden-states generator.
+GENERATOR_REPLACED = (
+    "speculators 0.5.0: extraction moved to vLLM's own extract_hidden_states (#353); our pipeline "
+    "moves with it"
+)

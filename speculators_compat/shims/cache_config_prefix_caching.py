@@ -35,6 +35,8 @@ SHIM = Shim(
     symptom="AssertionError (bare) on request.block_hashes in the KV-cache manager (vLLM 0.32: "
     "IndexError: list index out of range in BlockPool.cache_full_blocks); or, where it does not "
     "fail, sequences sharing a prefix get fewer hidden states than tokens",
+    upstream="speculators PRs #225 (block hasher) and #283 (prefix caching off)",
+    remove_when="speculators 0.4.0",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

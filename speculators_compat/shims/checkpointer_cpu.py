@@ -57,6 +57,8 @@ SHIM = Shim(
     target=f"{CHECKPOINTER}:load_safetensors_state_dict, {CHECKPOINTER}:torch.load",
     vllm=">=0.11",
     symptom="resuming training on CPU: RuntimeError: Found no NVIDIA driver on your system",
+    upstream="none filed: speculators trains on GPUs",
+    remove_when="never on speculators 0.3.x (training on a CPU is ours)",
     hook_module=CHECKPOINTER,
     probe=probe,
     patch=patch,

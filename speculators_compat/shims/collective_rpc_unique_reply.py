@@ -48,6 +48,8 @@ SHIM = Shim(
     vllm=">=0.11.1",
     symptom="RuntimeError: Boolean value of Tensor with more than one value is ambiguous "
     "(speculators' captured_states_list[0] is the first layer's tensor, not the list of layers)",
+    upstream="speculators PR #283 (states keyed by request)",
+    remove_when="speculators 0.4.0",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -45,6 +45,8 @@ SHIM = Shim(
     transformers=">=5",
     symptom="pydantic.errors.PydanticUndefinedAnnotation: name 'torch' is not defined "
     "(at import speculators, with transformers 5)",
+    upstream="none found",
+    remove_when="speculators 0.5.0 (supports transformers 5: transformers>=4.56.1,<5.7.0)",
     hook_module=HOOK,
     probe=probe,
     patch=patch,

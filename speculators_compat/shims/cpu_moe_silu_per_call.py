@@ -74,6 +74,8 @@ SHIM = Shim(
         "AssertionError: Current vLLM config is not set. This typically means "
         "get_current_vllm_config() was called outside of a set_current_vllm_config() context"
     ),
+    upstream="none found; fixed in vLLM 0.25",
+    remove_when="vLLM 0.25 (the shim's range ends at 0.24)",
     hook_module=MODULE,
     probe=probe,
     patch=patch,

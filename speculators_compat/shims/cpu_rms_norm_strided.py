@@ -63,6 +63,8 @@ SHIM = Shim(
         "no error: DeepSeek-V2/V3 hidden states on the CPU backend differ from the model's own "
         "computation by 0.6-0.9 relative from layer 0 on"
     ),
+    upstream="none found; fixed in vLLM 0.14",
+    remove_when="vLLM 0.14 (the shim's range ends at 0.13)",
     hook_module=MODULE,
     probe=probe,
     patch=patch,

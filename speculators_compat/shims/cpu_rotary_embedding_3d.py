@@ -114,6 +114,8 @@ SHIM = Shim(
         "the model's own computation by about 0.5 relative from layer 0 on, and greedy output "
         "differs from the first tokens"
     ),
+    upstream="vLLM PR #12777 fixed the CUDA op's head stride only; for the CPU op none found",
+    remove_when="a vLLM CPU build whose rotary_embedding reads 3-D query/key (not up to 0.34)",
     hook_module=HOOK,
     probe=probe,
     patch=patch,

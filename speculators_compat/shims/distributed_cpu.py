@@ -88,6 +88,8 @@ SHIM = Shim(
     vllm=">=0.11",
     symptom="torchrun on CPU: RuntimeError: Found no NVIDIA driver on your system "
     "(torch.accelerator.set_device_index)",
+    upstream="none filed: speculators trains on GPUs",
+    remove_when="never on speculators 0.3.x (training on a CPU is ours)",
     hook_module=TRAINER,
     probe=probe,
     patch=patch,

@@ -78,6 +78,8 @@ SHIM = Shim(
     vllm=">=0.20",
     symptom="NotImplementedError: FlexAttention does not support backward on CPU. Please set the "
     "input requires_grad to False or use another device.",
+    upstream="none found (torch's FlexAttention has no CPU backward)",
+    remove_when="a torch whose FlexAttention has a CPU backward (not up to 2.13)",
     hook_module=ATTENTION,
     probe=probe,
     patch=patch,

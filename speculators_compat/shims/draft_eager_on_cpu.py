@@ -46,6 +46,8 @@ SHIM = Shim(
     vllm=">=0.11",
     symptom="torch._inductor.exc.InductorError: IndexError: tuple index out of range (first training "
     "step on CPU)",
+    upstream="none filed: speculators trains on GPUs",
+    remove_when="never on speculators 0.3.x (training on a CPU is ours)",
     hook_module=DRAFT,
     probe=probe,
     patch=patch,

@@ -77,6 +77,8 @@ SHIM = Shim(
     target=f"{DRAFT}:Eagle3DraftModel.__init__",
     vllm=">=0.11",
     symptom="TypeError: Eagle3DraftModel.__init__() got an unexpected keyword argument 'verifier'",
+    upstream="speculators PR #669 (the verifier keyword leaking into the constructors)",
+    remove_when="speculators 0.7.0",
     hook_module=DRAFT,
     probe=probe,
     patch=patch,

@@ -41,6 +41,8 @@ SHIM = Shim(
     vllm=">=0.11.1",
     symptom="the second execute_model fails in the worker (RuntimeError: Worker failed with "
     "error 'State error: sample_tokens() must be called after execute_model() returns None.')",
+    upstream="speculators PR #225 (vLLM 0.12)",
+    remove_when="speculators 0.4.0",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -75,6 +75,8 @@ SHIM = Shim(
     symptom="an id past the vocabulary: with tensor parallelism no error, that sequence's states "
     "are garbage (a zero embedding); on one rank IndexError: index out of range in self (in a "
     "worker), and the generator's next call fails",
+    upstream="none filed",
+    remove_when="never on speculators 0.3.x (a diagnostic neither speculators nor vLLM gives)",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -90,6 +90,8 @@ SHIM = Shim(
     platform="vllm-cpu",
     symptom="RuntimeError: Found no NVIDIA driver on your system. Please check that you have an "
     "NVIDIA GPU and installed a driver",
+    upstream="none filed: speculators does not run on vLLM's CPU build",
+    remove_when="never on speculators 0.3.x: its generator targets CUDA GPUs",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

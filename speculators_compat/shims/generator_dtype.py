@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..shim import Shim
-from ._targets import GENERATOR, module, rewrite_call
+from ._targets import GENERATOR, GENERATOR_REPLACED, module, rewrite_call
 
 NAME = "generator_dtype"
 ENV = "SPECULATORS_COMPAT_DTYPE"
@@ -69,6 +69,8 @@ SHIM = Shim(
     vllm=">=0.11",
     symptom="no error: a float32 checkpoint is extracted in bfloat16/float16 (vLLM's dtype='auto'), "
     "about 1e-2 away from the model's float32 computation",
+    upstream="none found (speculators 0.3.0's generator has no dtype setting)",
+    remove_when=GENERATOR_REPLACED,
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

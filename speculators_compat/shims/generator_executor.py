@@ -10,7 +10,7 @@ generator module's ``MultiprocExecutor`` name to an empty subclass that those sh
 from __future__ import annotations
 
 from ..shim import Shim, replace_attr
-from ._targets import GENERATOR, module
+from ._targets import GENERATOR, GENERATOR_REPLACED, module
 
 NAME = "generator_executor"
 
@@ -38,6 +38,8 @@ SHIM = Shim(
         "none by itself: isolates the executor shims, so that vLLM's own MultiprocExecutor "
         "(used by LLM(...) in the same process) is never changed"
     ),
+    upstream="none: isolates the executor shims from vLLM's own MultiprocExecutor",
+    remove_when=f"with the last executor shim ({GENERATOR_REPLACED})",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -23,7 +23,7 @@ DeepSeek-V2's vLLM class fails speculators' ``supports_eagle3`` gate (0.11).
 from __future__ import annotations
 
 from ..shim import Shim, replace_attr, undo_all
-from ._targets import WORKER, module
+from ._targets import GENERATOR_REPLACED, WORKER, module
 
 NAME = "hidden_states_capture"
 
@@ -111,6 +111,8 @@ SHIM = Shim(
     symptom="Worker failed with error 'Model DeepseekV3ForCausalLM does not support hidden state "
     "extraction' (vLLM up to 0.17); from 0.32: AttributeError: 'DeepseekV2Model' object has no "
     "attribute 'get_input_embeddings'",
+    upstream="none found (speculators 0.4.0 reworked custom_worker for vLLM up to 0.16)",
+    remove_when=GENERATOR_REPLACED,
     hook_module=WORKER,
     probe=probe,
     patch=patch,

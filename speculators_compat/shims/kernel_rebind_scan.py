@@ -87,6 +87,8 @@ SHIM = Shim(
     vllm=">=0.32,<0.34",
     symptom="AttributeError: '_lib_fn_wrapper' object has no attribute 'get' (engine start-up in a "
     "process that imported numba)",
+    upstream="none found; vLLM 0.34's _rebind_impls reads only a real dict",
+    remove_when="vLLM 0.34 (fixed there; the shim's range ends at 0.33)",
     hook_module=HOOK,
     probe=probe,
     patch=patch,

@@ -27,6 +27,8 @@ SHIM = Shim(
     vllm=">=0.12",
     symptom="TypeError: get_kv_cache_config_from_groups() got an unexpected keyword argument "
     "'kv_cache_specs'",
+    upstream="speculators PR #225 (vLLM 0.12)",
+    remove_when="speculators 0.4.0",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -14,7 +14,7 @@ executor has ``set_kv_cache_layout``.
 from __future__ import annotations
 
 from ..shim import Shim, replace_attr
-from ._targets import GENERATOR, compat_executor_class, module
+from ._targets import GENERATOR, GENERATOR_REPLACED, compat_executor_class, module
 
 NAME = "kv_cache_layout"
 
@@ -49,6 +49,8 @@ SHIM = Shim(
     vllm=">=0.29",
     symptom="ValueError: KV cache layout has not been resolved yet; it is resolved once by the "
     "engine core (resolve_kv_cache_layout) unless explicitly set by the user.",
+    upstream="none found (speculators 0.4.0 supports vLLM up to 0.16)",
+    remove_when=GENERATOR_REPLACED,
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -15,7 +15,7 @@ shim's (:func:`speculators_compat.shim.add_names`), so ``doctor`` reports the mo
 from __future__ import annotations
 
 from ..shim import Shim, add_names
-from ._targets import module
+from ._targets import GENERATOR_REPLACED, module
 
 NAME = "kv_cache_utils_moved"
 UTILS = "vllm.v1.core.kv_cache_utils"
@@ -49,6 +49,8 @@ SHIM = Shim(
     vllm=">=0.33",
     symptom="ImportError: cannot import name '_get_kv_cache_groups_uniform_spec' from "
     "'vllm.v1.core.kv_cache_utils'",
+    upstream="none found (speculators 0.3.0 imports names vLLM 0.33 moved)",
+    remove_when=GENERATOR_REPLACED,
     hook_module=UTILS,
     probe=probe,
     patch=patch,

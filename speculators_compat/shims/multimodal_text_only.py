@@ -13,7 +13,7 @@ Probe: ``ModelConfig`` takes ``limit_mm_per_prompt``.
 from __future__ import annotations
 
 from ..shim import Shim, replace_attr
-from ._targets import GENERATOR, accepts, module
+from ._targets import GENERATOR, GENERATOR_REPLACED, accepts, module
 
 NAME = "multimodal_text_only"
 
@@ -46,6 +46,8 @@ SHIM = Shim(
     symptom="Exception: WorkerProc initialization failed due to an exception in a background "
     "process (the vision tower's weights are missing from a text-only checkpoint); with them, a "
     "vision tower built, loaded and profiled for nothing",
+    upstream="none found",
+    remove_when=GENERATOR_REPLACED,
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -9,7 +9,7 @@ so this changes no hidden state; it keeps the request what speculators meant).
 from __future__ import annotations
 
 from ..shim import Shim
-from ._targets import GENERATOR, accepts, module, rewrite_call
+from ._targets import GENERATOR, GENERATOR_REPLACED, accepts, module, rewrite_call
 
 NAME = "request_eos_token_id"
 
@@ -36,6 +36,8 @@ SHIM = Shim(
     target=f"{GENERATOR}:Request",
     vllm=">=0.17",
     symptom="TypeError: Request.__init__() got an unexpected keyword argument 'eos_token_id'",
+    upstream="none found (speculators 0.4.0 still passes eos_token_id; it supports vLLM up to 0.16)",
+    remove_when=GENERATOR_REPLACED,
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -31,6 +31,8 @@ SHIM = Shim(
     target=f"{GENERATOR}:Scheduler",
     vllm=">=0.11.1",
     symptom="TypeError: Scheduler.__init__() missing 1 required positional argument: 'block_size'",
+    upstream="speculators PR #225 (vLLM 0.12)",
+    remove_when="speculators 0.4.0",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -30,6 +30,8 @@ SHIM = Shim(
     vllm=">=0.12",
     symptom="pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig "
     "is_encoder_decoder Field required",
+    upstream="speculators PR #225 (vLLM 0.12)",
+    remove_when="speculators 0.4.0",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

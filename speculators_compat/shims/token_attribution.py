@@ -135,6 +135,8 @@ SHIM = Shim(
     vllm=">=0.11",
     symptom="no error: with chunked prefill, more sequences than max_num_seqs (32) or reordered "
     "requests, hidden states land on the wrong sequence or come back short",
+    upstream="speculators issue #279, fixed by PR #283",
+    remove_when="speculators 0.4.0",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

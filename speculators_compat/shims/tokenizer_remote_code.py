@@ -16,7 +16,7 @@ import inspect
 import re
 
 from ..shim import Shim, ShimProxy, replace_attr
-from ._targets import GENERATOR, module
+from ._targets import GENERATOR, GENERATOR_REPLACED, module
 
 NAME = "tokenizer_remote_code"
 
@@ -44,6 +44,8 @@ SHIM = Shim(
     vllm=">=0.11",
     symptom="ValueError: The repository ... contains custom code which must be executed to correctly "
     "load the model ... Please pass the argument `trust_remote_code=True` to allow custom code to be run.",
+    upstream="none found (speculators 0.4.0's generator still loads the tokenizer without trust_remote_code)",
+    remove_when=GENERATOR_REPLACED,
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

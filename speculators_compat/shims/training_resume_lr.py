@@ -51,6 +51,8 @@ SHIM = Shim(
     vllm=">=0.11",
     symptom="no error: the first training step after a resume runs at the schedule's rate for "
     "step 1, not where the schedule stood (7.5e-4 instead of 5.0e-4 in the test)",
+    upstream="speculators PR #411 (the optimizer resume bug)",
+    remove_when="speculators 0.5.0",
     hook_module=TRAINER,
     probe=probe,
     patch=patch,

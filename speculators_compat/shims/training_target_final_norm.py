@@ -79,6 +79,8 @@ SHIM = Shim(
     vllm=">=0.11",
     symptom="no error: the draft is trained towards lm_head(last layer) without the verifier's final "
     "norm, not towards the verifier's logits",
+    upstream="speculators PR #313 (the norm before the LM head)",
+    remove_when="speculators 0.4.0",
     hook_module=DRAFT,
     probe=probe,
     patch=patch,

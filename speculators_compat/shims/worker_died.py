@@ -49,6 +49,8 @@ SHIM = Shim(
     target=f"{GENERATOR}:VllmHiddenStatesGenerator.generate",
     vllm=">=0.11",
     symptom="RuntimeError: cancelled (or: Executor failed.) when a worker dies, naming none",
+    upstream="none filed",
+    remove_when="never on speculators 0.3.x (a diagnostic neither speculators nor vLLM gives)",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

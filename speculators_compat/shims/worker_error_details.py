@@ -51,6 +51,8 @@ SHIM = Shim(
     vllm=">=0.11",
     symptom="RuntimeError: Worker failed with error '', please check the stack trace above for "
     "the root cause",
+    upstream="none found",
+    remove_when="never on speculators 0.3.x (a diagnostic neither speculators nor vLLM gives)",
     hook_module=WORKER,  # imported in every worker that runs speculators' extension
     probe=probe,
     patch=patch,

@@ -39,6 +39,8 @@ SHIM = Shim(
     vllm=">=0.11",
     symptom="RuntimeError: Worker failed with error '...': the worker's exception type and "
     "traceback are lost",
+    upstream="none filed",
+    remove_when="never on speculators 0.3.x (a diagnostic neither speculators nor vLLM gives)",
     hook_module=GENERATOR,
     probe=probe,
     patch=patch,

@@ -120,6 +120,8 @@ SHIM = Shim(
     vllm=">=0.11",
     symptom="Exception: WorkerProc initialization failed due to an exception in a background "
     "process. See stack trace for root cause.",
+    upstream="none found",
+    remove_when="never on speculators 0.3.x (a diagnostic neither speculators nor vLLM gives)",
     hook_module=VLLM_MODULE,
     probe=probe,
     patch=patch,
