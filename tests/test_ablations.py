@@ -81,7 +81,7 @@ def final_norm_off(base: RunFolder, dest: Path) -> RunFolder:
 
 
 def attribution_off_extract(run: RunFolder):
-    """(c) States misattributed between the sequences of one batch (speculators #365): extract,
+    """(c) States misattributed between the sequences of one batch (speculators #279): extract,
     64 sequences a call, with the ``token_attribution`` shim off. vLLM schedules 32 a step; the
     fault needs a step that cannot prefill them whole, which the demo's 30-token samples never
     fill at speculators' 8,192-token budget: tests/inject/small_token_budget lowers it to 512

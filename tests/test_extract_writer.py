@@ -80,7 +80,7 @@ def test_closing_after_an_error_elsewhere_lets_the_batch_land(tmp_path):
 
 
 def test_a_batch_whose_states_do_not_cover_their_tokens_stops_before_it_is_written():
-    """speculators 0.3.0's offset slicing under chunked prefill (#365, the token_attribution shim
+    """speculators 0.3.0's offset slicing under chunked prefill (speculators #279, the token_attribution shim
     off): the batch's last samples come back short and the rest hold other sequences' rows.
     The check names the samples and what is kept (tests/test_ablations.py runs it in vLLM)."""
     from speculators_compat.pipeline.errors import PipelineError

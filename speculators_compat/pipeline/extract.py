@@ -220,8 +220,8 @@ def uncovered_rows(hidden_states, tokens: int) -> list[int] | None:
 def check_batch(chunk: list[int], rows: list[dict], results: list[dict], kept: int) -> None:
     """Each sample's states cover its own tokens, one row per token in every layer, before any
     of the batch is written: states that come back short have been sliced from another sequence's
-    (speculators 0.3.0's offset slicing under chunked prefill, #365), and training on them would
-    be silently wrong. Stops the run naming the samples; ``kept`` samples already on disk stay."""
+    (speculators 0.3.0's offset slicing under chunked prefill, speculators #279), and training on
+    them would be silently wrong. Stops the run naming the samples; ``kept`` samples already on disk stay."""
     bad = []
     for i, row, result in zip(chunk, rows, results, strict=True):
         ids = result["input_ids"]
@@ -235,7 +235,7 @@ def check_batch(chunk: list[int], rows: list[dict], results: list[dict], kept: i
             f"speculators' generator returned states that do not cover their own tokens for "
             f"{len(bad)} of {len(chunk)} samples of a batch ({'; '.join(bad[:3])}"
             f"{'; ...' if len(bad) > 3 else ''}): states sliced from other sequences (speculators "
-            "#365; the token_attribution shim fixes it: is it disabled in "
+            "#279; the token_attribution shim fixes it: is it disabled in "
             "SPECULATORS_COMPAT_DISABLE, or reported failed by `speculators-compat status`?). Nothing "
             f"of this batch was written; the {kept} samples already on disk are kept."
         )

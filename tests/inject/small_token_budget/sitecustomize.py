@@ -4,7 +4,7 @@ prefilled in chunks, as Kimi-K2.5's 2,000-8,000-token conversations are at 8,192
 
 Put this folder on PYTHONPATH of an ``extract`` process: ``max_num_batched_tokens`` becomes
 ``max(512, max_model_len)``. With the ``token_attribution`` shim on, nothing changes but speed;
-with it off, speculators 0.3.0's offset slicing hands sequences each other's states (#365).
+with it off, speculators 0.3.0's offset slicing hands sequences each other's states (speculators #279).
 """
 
 import wrapt
