@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speculators_compat.pipeline.commands import demo_request
+from speculators_compat.cli.pipeline import demo_request
 from speculators_compat.pipeline.layout import STAGES, RunFolder
 from speculators_compat.pipeline.serve import cpu_spec_decode_unsupported
 from tests.pipeline_helpers import cli, demo_run

@@ -264,7 +264,7 @@ def test_memory_is_released_once_per_budget_of_states_taken(monkeypatch):
 def test_a_sample_saves_only_its_own_rows_and_copies_nothing_it_owns(tmp_path):
     """extract's record: a view into a batch tensor is copied (torch.save writes whole storages),
     a tensor that owns its storage (unpack_states' result) is saved as it is."""
-    from speculators_compat.pipeline.extract import sample_record
+    from speculators_compat.pipeline.samples import sample_record
 
     batch = torch.randn(1000, 64)
     view, owned = batch[10:20], torch.randn(10, 64)

@@ -1,5 +1,5 @@
 """extract writes each batch's files on a thread while the next batch is generated
-(pipeline.extract.BatchWriter): overlap, at most one batch in flight, errors that stop the run,
+(pipeline.samples.BatchWriter): overlap, at most one batch in flight, errors that stop the run,
 and files that are whole or absent."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from speculators_compat.pipeline.extract import BatchWriter, _write_batch, existing_samples
+from speculators_compat.pipeline.samples import BatchWriter, existing_samples, write_batch
 
 
 def _batch(first: int, count: int, tokens: int = 5):
@@ -30,7 +30,7 @@ def test_a_batch_is_written_while_the_next_is_made_and_one_at_a_time(tmp_path):
     def slow_write(chunk, rows, results):
         running.append(threading.get_ident())
         assert release.wait(10)
-        return _write_batch(tmp_path, chunk, rows, results)
+        return write_batch(tmp_path, chunk, rows, results)
 
     writer = BatchWriter()
     try:
@@ -40,7 +40,7 @@ def test_a_batch_is_written_while_the_next_is_made_and_one_at_a_time(tmp_path):
         assert not existing_samples(tmp_path)  # ... while the batch is still being written
         threading.Timer(0.3, release.set).start()
         # the next submit waits for the batch before it: at most one in flight
-        assert writer.submit(lambda: _write_batch(tmp_path, *_batch(3, 2))) == 3
+        assert writer.submit(lambda: write_batch(tmp_path, *_batch(3, 2))) == 3
         assert writer.finish() == 2
     finally:
         writer.close()
@@ -62,8 +62,8 @@ def test_a_failed_write_stops_the_run_and_keeps_what_was_written(tmp_path, monke
     monkeypatch.setattr(torch, "save", save)
     writer = BatchWriter()
     try:
-        writer.submit(lambda: _write_batch(tmp_path, *_batch(0, 3)))
-        writer.submit(lambda: _write_batch(tmp_path, *_batch(3, 3)))
+        writer.submit(lambda: write_batch(tmp_path, *_batch(0, 3)))
+        writer.submit(lambda: write_batch(tmp_path, *_batch(3, 3)))
         with pytest.raises(OSError, match="No space left on device"):
             writer.finish()
     finally:
@@ -74,7 +74,7 @@ def test_a_failed_write_stops_the_run_and_keeps_what_was_written(tmp_path, monke
 
 def test_closing_after_an_error_elsewhere_lets_the_batch_land(tmp_path):
     writer = BatchWriter()
-    writer.submit(lambda: (time.sleep(0.2), _write_batch(tmp_path, *_batch(0, 2)))[1])
+    writer.submit(lambda: (time.sleep(0.2), write_batch(tmp_path, *_batch(0, 2)))[1])
     writer.close()  # e.g. the generator raised: the batch in flight still lands
     assert existing_samples(tmp_path) == {0, 1}
 
@@ -84,7 +84,7 @@ def test_a_batch_whose_states_do_not_cover_their_tokens_stops_before_it_is_writt
     off): the batch's last samples come back short and the rest hold other sequences' rows.
     The check names the samples and what is kept (tests/test_ablations.py runs it in vLLM)."""
     from speculators_compat.pipeline.errors import PipelineError
-    from speculators_compat.pipeline.extract import check_batch
+    from speculators_compat.pipeline.samples import check_batch
 
     chunk, rows, results = _batch(10, 3)
     for row, result in zip(rows, results, strict=True):

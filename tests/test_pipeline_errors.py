@@ -125,8 +125,8 @@ def test_a_folder_with_another_run_is_refused_then_resumed_or_overwritten(tmp_pa
 def test_the_dtype_is_the_runs_once_extraction_starts(tmp_path, model):
     """``--dtype`` is part of the run (serve-check serves in it): any command may set it until
     extraction starts, which records it; then another is refused like any other setting."""
-    from speculators_compat.pipeline.extract import _start_shard
     from speculators_compat.pipeline.layout import RunFolder
+    from speculators_compat.pipeline.shards import start_shard
     from speculators_compat.pipeline.spec import WHOLE
 
     out = tmp_path / "r"
@@ -135,7 +135,7 @@ def test_the_dtype_is_the_runs_once_extraction_starts(tmp_path, model):
     assert run.spec().dtype is None  # not chosen yet: vLLM's auto, unless extraction picks one
     for dtype in ("bfloat16", "float32"):
         assert run.claim({"dtype": dtype}).dtype == dtype
-    _start_shard(run, WHOLE, "float32", set())  # what extract does before it touches any file
+    start_shard(run, WHOLE, "float32", set())  # what extract does before it touches any file
     before = run.manifest.read_text()
     proc = cli("extract", "--out", out, "--dtype", "bfloat16", "--quiet")
     _fails(proc, "dtype: 'float32' there, 'bfloat16' now", "extracted in float32", "--dtype float32")
@@ -145,7 +145,7 @@ def test_the_dtype_is_the_runs_once_extraction_starts(tmp_path, model):
     # a run that chose none records what extraction ran in
     other = RunFolder(tmp_path / "other")
     assert _small_run(model, other.root, 3).returncode == 0
-    _start_shard(other, WHOLE, "auto", set())
+    start_shard(other, WHOLE, "auto", set())
     assert other.spec().dtype == "auto"
 
 

@@ -127,6 +127,47 @@ def test_the_core_imports_no_tooling():
     assert core_imports_of_tooling(graph) == []
 
 
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports across the tooling's layers the other way round: the CLI mounts the pipeline and
+    diagnosis, and diagnosis drives the pipeline; so nothing imports the CLI (but its own
+    modules and ``__main__``) and the pipeline never imports diagnosis."""
+    found = []
+    for name, targets in graph.items():
+        for target in targets:
+            into_cli = _inside(target, "speculators_compat.cli") and not (
+                _inside(name, "speculators_compat.cli") or name == "speculators_compat.__main__"
+            )
+            pipeline_to_diagnose = _inside(name, "speculators_compat.pipeline") and _inside(
+                target, "speculators_compat.diagnose"
+            )
+            if into_cli or pipeline_to_diagnose:
+                found.append((name, target))
+    return sorted(found)
+
+
+def test_the_checker_finds_imports_against_the_layers():
+    graph = {
+        "speculators_compat.pipeline.runner": {"speculators_compat.diagnose.preflight"},
+        "speculators_compat.tiny": {"speculators_compat.cli.fixtures"},
+        "speculators_compat.cli.core": {"speculators_compat.cli.common"},
+        "speculators_compat.__main__": {"speculators_compat.cli"},
+    }
+    assert layering_violations(graph) == [
+        ("speculators_compat.pipeline.runner", "speculators_compat.diagnose.preflight"),
+        ("speculators_compat.tiny", "speculators_compat.cli.fixtures"),
+    ]
+
+
+def test_nothing_imports_the_cli_and_the_pipeline_never_imports_diagnosis():
+    graph = import_graph()
+    assert "speculators_compat.cli.pipeline" in graph and "speculators_compat.diagnose.preflight" in graph
+    assert layering_violations(graph) == []
+
+
 def test_importing_any_module_activates_nothing_beyond_the_package():
     """``import speculators_compat`` is the one import that activates (unless
     ``SPECULATORS_COMPAT_AUTO=0``); importing any other module of the package, core or tooling,

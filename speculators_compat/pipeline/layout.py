@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .atomic import write_json
 from .errors import PipelineError
+from .samples import existing_samples
 from .spec import IDENTITY, RunSpec
 
 STAGES = ("prepare", "extract", "vocab", "train")
@@ -179,3 +180,64 @@ class RunFolder:
                 f"Run `speculators-compat {stage} --out {self.root}` first (or `run`)."
             )
         return facts
+
+    # -- the samples (gates for the stages that read them) ------------------------------
+    def extraction_state(self) -> dict:
+        """``hidden_states/extraction.json``: the samples' dtype and each shard's host, pid and
+        times (:mod:`.shards` writes it)."""
+        path = self.extraction_record
+        return json.loads(path.read_text()) if path.is_file() else {"dtype": None, "shards": {}}
+
+    def missing_samples(self, samples: int) -> list[int]:
+        """Which of the ``samples`` prepared samples have no ``data_{i}.pt`` here."""
+        have = existing_samples(self.hidden_states)
+        return [i for i in range(samples) if i not in have]
+
+    def describe_missing(self, missing: list[int]) -> str:
+        """The missing sample indices, and for each shard count on record, which of its shards
+        own them and whether they finished (host, pid, times)."""
+        lines = [f"samples {_ranges(missing)}"]
+        shards = self.extraction_state().get("shards", {})
+        counts = sorted({int(name.split("/")[1]) for name in shards})
+        for n in counts:
+            for index in sorted({i % n for i in missing}):
+                entry = shards.get(f"{index}/{n}")
+                if entry is None:
+                    how = "never started"
+                elif entry.get("finished_at") is None:
+                    how = (
+                        f"started on {entry['host']} (pid {entry['pid']}) at {entry['started_at']}, "
+                        "not finished"
+                    )
+                else:
+                    how = f"finished at {entry['finished_at']}, its files deleted since"
+                lines.append(f"{f'shard {index}/{n}' if n > 1 else 'extraction without --shard'}: {how}")
+        return "; ".join(lines)
+
+    def require_all_samples(self, needed_by: str) -> None:
+        """Every prepared sample's hidden states are on disk and the extraction is complete: a
+        training set with samples missing (a shard that did not finish) is refused, naming them."""
+        samples = self.require("prepare", needed_by)["samples"]
+        missing = self.missing_samples(samples)
+        if len(missing) == samples and not self.extraction_record.is_file():
+            self.require("extract", needed_by)  # never started: the plain "run extract first"
+        if missing:
+            raise PipelineError(
+                f"{needed_by} needs every sample's hidden states; {len(missing)} of {samples} are "
+                f"not in {self.hidden_states}: {self.describe_missing(missing)}. Run "
+                f"`speculators-compat extract --out {self.root}` (or, on each machine, the "
+                "unfinished --shard I/N) to extract them; nothing was changed."
+            )
+        self.require("extract", needed_by)
+
+
+def _ranges(indices: list[int], limit: int = 12) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (at most ``limit`` runs, then how many more)."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    return text + (f", ... ({len(runs) - limit} more runs)" if len(runs) > limit else "")

@@ -163,7 +163,7 @@ def expected_acceptance(
     import torch
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    from .extract import uncovered_rows
+    from .samples import uncovered_rows
 
     d2t = torch.from_numpy(np.load(run.vocab / "d2t.npy"))
     t2d = torch.from_numpy(np.load(run.vocab / "t2d.npy"))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from ..text_model import text_config
 from .errors import PipelineError
-from .extract import require_all_samples, sample_index
 from .layout import RunFolder
 from .model_info import ModelInfo
+from .samples import sample_index
 from .spec import PRECISIONS, RunSpec, TrainOptions
 
 log = logging.getLogger("speculators_compat.pipeline")
@@ -213,7 +213,7 @@ def train(
     from torch.utils.data import DataLoader
     from tqdm import tqdm
 
-    require_all_samples(run, "train")
+    run.require_all_samples("train")
     run.require("vocab", "train")
     local_rank, world_size, rank, distributed = maybe_setup_distributed()
     device = torch.device(local_rank) if torch.cuda.is_available() else torch.device("cpu")

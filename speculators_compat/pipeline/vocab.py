@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from .atomic import write_file
 from .errors import PipelineError
-from .extract import require_all_samples
 from .layout import RunFolder
 from .model_info import ModelInfo
 
@@ -25,7 +24,7 @@ def build_vocab(run: RunFolder, info: ModelInfo, draft_vocab_size: int | None) -
     import torch
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    require_all_samples(run, "vocab")  # the stages are in order: a later extraction resets vocab
+    run.require_all_samples("vocab")  # the stages are in order: a later extraction resets vocab
     size = draft_vocab_size or min(DEFAULT_DRAFT_VOCAB, info.vocab_size)
     if not 0 < size <= info.vocab_size:
         raise PipelineError(

