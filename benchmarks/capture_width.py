@@ -11,7 +11,7 @@ decide. This benchmark runs the same code a real extraction runs, on synthetic s
 - transfer: vLLM's ``MessageQueue``, the queue a worker answers ``collective_rpc`` through
   (``MultiprocExecutor``'s ``worker_response_mq``), between two processes;
 - driver: :func:`speculators_compat.capture.unpack_states`, then extract's sample
-  (``pipeline.extract.sample_record``) written with ``atomic.write_file`` + ``torch.save``.
+  (``pipeline.samples.sample_record``) written with ``atomic.write_file`` + ``torch.save``.
 
 Each batch shape runs in fresh processes (peak memory is per process). Printed: seconds and GB/s
 per stage, end to end, each process's peak RSS against the batch's bytes, and the machine's
@@ -97,7 +97,7 @@ def child(hidden: int, layers: int, lengths: list[int], out: Path) -> None:
 
     from speculators_compat.capture import unpack_states
     from speculators_compat.pipeline.atomic import write_file
-    from speculators_compat.pipeline.extract import sample_record
+    from speculators_compat.pipeline.samples import sample_record
 
     ctx = multiprocessing.get_context("spawn")  # vLLM's CPU workers are spawned
     parent_conn, worker_conn = ctx.Pipe()
@@ -150,7 +150,7 @@ def overlap_child(
     import torch
 
     from speculators_compat.capture import unpack_states
-    from speculators_compat.pipeline.extract import BatchWriter, _write_batch
+    from speculators_compat.pipeline.samples import BatchWriter, write_batch
 
     ctx = multiprocessing.get_context("spawn")
     parent_conn, worker_conn = ctx.Pipe()
@@ -175,9 +175,9 @@ def overlap_child(
         ]
         nbytes += sum(h.nbytes for r in results for h in r["hidden_states"])
         if overlap:
-            writer.submit(lambda c=chunk, r=rows, res=results: _write_batch(out, c, r, res))
+            writer.submit(lambda c=chunk, r=rows, res=results: write_batch(out, c, r, res))
         else:
-            _write_batch(out, chunk, rows, results)
+            write_batch(out, chunk, rows, results)
         del by_request, results
     writer.finish()
     elapsed = time.perf_counter() - start

@@ -254,7 +254,7 @@ def kimi_pool(folder: Path, text: dict, count: int, min_len: int, max_len: int, 
     """``count`` synthetic samples in speculators' format; returns their lengths."""
     import torch
 
-    from speculators_compat.pipeline.extract import sample_record
+    from speculators_compat.pipeline.samples import sample_record
 
     folder.mkdir(parents=True, exist_ok=True)
     h, v = text["hidden_size"], text["vocab_size"]
