@@ -43,9 +43,9 @@ def bytes_per_token(model: str | Path, use_mla: bool, dtype_bytes: int = 4, extr
     the latent (``kv_lora_rank + qk_rope_head_dim``) with MLA, keys and values otherwise.
     ``dtype_bytes``: 4 (float32, the most any CPU engine here uses) unless told;
     ``extra_layers``: layers of the same size sharing the cache (a draft's)."""
-    from .cpu_mla import text_config
+    from .text_model import read_text_config
 
-    text = text_config(model)
+    text = read_text_config(model)
     layers = int(text["num_hidden_layers"])
     heads = int(text["num_attention_heads"])
     if text.get("kv_lora_rank") is not None:

@@ -22,7 +22,6 @@ set that variable: theirs wins. Used by the ``cpu_mla_attention`` shim (speculat
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -51,17 +50,6 @@ class MlaChoice:
     reason: str
 
 
-def text_config(model: str | Path) -> dict:
-    path = Path(model) / "config.json"
-    if path.is_file():
-        raw = json.loads(path.read_text())
-    else:  # a hub id: transformers finds it (as vLLM will)
-        from transformers import AutoConfig
-
-        raw = AutoConfig.from_pretrained(str(model), trust_remote_code=True).to_dict()
-    return text_model.text_config(raw)
-
-
 def cpu_mla_backend():
     """vLLM's CPU MLA backend class, or None where the build has none."""
     try:
@@ -80,7 +68,7 @@ def choose(model: str | Path) -> MlaChoice | None:
 
     if torch.cuda.is_available():
         return None
-    text = text_config(model)
+    text = text_model.read_text_config(model)
     if text.get("kv_lora_rank") is None:
         return None
     from .versions import installed_versions

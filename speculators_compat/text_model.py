@@ -41,6 +41,16 @@ def read_config(model_dir: str | Path) -> dict:
     return json.loads((Path(model_dir) / "config.json").read_text())
 
 
+def read_text_config(model: str | Path) -> dict:
+    """The text model's config of ``model``: a checkpoint folder, or a hub id (read as vLLM will
+    read it, through transformers)."""
+    if (Path(model) / "config.json").is_file():
+        return text_config(read_config(model))
+    from transformers import AutoConfig  # a hub id only: transformers is heavy to import
+
+    return text_config(AutoConfig.from_pretrained(str(model), trust_remote_code=True).to_dict())
+
+
 #: Text model types vLLM builds with DeepSeek-V2/V3 attention (Kimi-K2's own name included).
 DEEPSEEK_ATTENTION_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 

@@ -47,7 +47,7 @@ def generator(request, built):
         pytest.skip(reason)
     import speculators.data_generation.vllm_hidden_states_generator as gen_module
 
-    from speculators_compat.shims.generator_dtype import extraction_dtype
+    from speculators_compat.settings import extraction_dtype
 
     saved = gen_module.MIN_MAX_BATCHED_TOKENS
     # speculators' own knob: a token budget per step of max(MIN_MAX_BATCHED_TOKENS, max_model_len)
@@ -120,7 +120,7 @@ def test_two_consecutive_generate_calls_each_get_their_own_states(generator):
 
 
 def test_a_failing_worker_surfaces_its_real_error(generator):
-    from speculators_compat.errors import WorkerError
+    from speculators_compat.worker_errors import WorkerError
 
     with pytest.raises(ValueError, match=r"layer ids \[99\] are out of range") as info:
         generator.executor.collective_rpc("_setup_hidden_states_capture", args=([99],))

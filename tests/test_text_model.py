@@ -40,9 +40,8 @@ def test_a_config_with_both_is_read_at_the_top_level_everywhere(tmp_path):
     info = inspect_model(tmp_path)
     assert not info.wrapper and (info.num_layers, info.hidden_size) == (3, 64)
     assert not is_multimodal_wrapper(tmp_path)
-    from speculators_compat import cpu_mla
 
-    assert cpu_mla.text_config(tmp_path)["hidden_size"] == 64
+    assert text_model.read_text_config(tmp_path)["hidden_size"] == 64
 
 
 def test_a_wrapper_is_read_in_its_text_config(tmp_path):

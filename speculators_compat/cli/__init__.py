@@ -6,7 +6,9 @@ a module per group of commands, mounted here and nowhere else.
 - :mod:`.pipeline`: ``prepare``, ``extract``, ``vocab``, ``train``, ``run``, ``demo``, ``serve-check``
 - :mod:`.diagnose`: ``doctor``, ``preflight``
 
-Nothing in the package imports this one (tests/test_structure.py).
+Nothing in the package imports this one (tests/test_structure.py). The commands import the
+pipeline, vLLM and torch inside their functions, on purpose: ``--help``, ``versions`` and
+``status --markdown`` start without them.
 """
 
 from __future__ import annotations

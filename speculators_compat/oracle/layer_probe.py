@@ -60,7 +60,7 @@ class VllmLayerProbe:
         )
         if is_multimodal_wrapper(model_dir):
             # text only: every media input limited to 0, so vLLM skips the vision tower
-            from ..shims.multimodal_text_only import MODALITIES
+            from ..settings import MODALITIES
 
             kwargs["limit_mm_per_prompt"] = {m: 0 for m in MODALITIES}
         mla = cpu_mla.apply(cpu_mla.choose(model_dir))

@@ -49,7 +49,7 @@ def smoke(
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
         from ..registry import applied
-        from ..shims.generator_dtype import extraction_dtype
+        from ..settings import extraction_dtype
 
         layer_ids = list(range(reference.num_layers))
         t0 = time.perf_counter()

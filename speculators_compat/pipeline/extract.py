@@ -15,8 +15,8 @@ import logging
 import types
 from dataclasses import dataclass
 
-from ..errors import WorkerDied, WorkerError
-from ..shims.generator_dtype import chosen_dtype, extraction_dtype
+from ..settings import chosen_dtype, extraction_dtype
+from ..worker_errors import WorkerDied, WorkerError
 from .atomic import remove_partials, write_json
 from .errors import PipelineError
 from .layout import RunFolder

@@ -502,6 +502,6 @@ def serve_check(
 
 def text_only_limits() -> dict[str, int]:
     """``limit_mm_per_prompt`` for a multimodal wrapper served text-only (Kimi-K2.5)."""
-    from ..shims.multimodal_text_only import MODALITIES
+    from ..settings import MODALITIES
 
     return {m: 0 for m in MODALITIES}

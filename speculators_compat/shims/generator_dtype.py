@@ -1,4 +1,5 @@
-"""Let the caller choose the generator's dtype (:func:`extraction_dtype`, ``SPECULATORS_COMPAT_DTYPE``).
+"""Let the caller choose the generator's dtype (:func:`speculators_compat.settings.extraction_dtype`,
+``SPECULATORS_COMPAT_DTYPE``).
 
 speculators 0.3.0 hard-codes ``ModelConfig(dtype="auto")``, and vLLM's "auto" runs a float32
 checkpoint in half precision (bfloat16 on CPU). That is right for production, but a float32
@@ -13,15 +14,11 @@ each call, so it may be made after import.)
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-
+from ..settings import chosen_dtype
 from ..shim import Shim
 from ._targets import GENERATOR, GENERATOR_REPLACED, module, rewrite_call
 
 NAME = "generator_dtype"
-ENV = "SPECULATORS_COMPAT_DTYPE"
 
 
 def probe() -> bool:
@@ -29,26 +26,6 @@ def probe() -> bool:
 
     source = inspect.getsource(module(GENERATOR).VllmHiddenStatesGenerator._create_vllm_config)
     return 'dtype="auto"' in source
-
-
-_chosen: list[str] = []
-
-
-@contextmanager
-def extraction_dtype(dtype: str | None) -> Iterator[None]:
-    """Generators created inside run in ``dtype`` (None: the exported variable, else "auto")."""
-    _chosen.append(dtype or "")
-    try:
-        yield
-    finally:
-        _chosen.pop()
-
-
-def chosen_dtype() -> str:
-    """The dtype a generator created now runs in: the innermost :func:`extraction_dtype`, else
-    ``SPECULATORS_COMPAT_DTYPE``, else vLLM's "auto"."""
-    inner = next((d for d in reversed(_chosen) if d), None)
-    return inner or os.environ.get(ENV) or "auto"
 
 
 def _choose_dtype(_args: tuple, kwargs: dict) -> None:

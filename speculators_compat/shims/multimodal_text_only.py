@@ -12,13 +12,11 @@ Probe: ``ModelConfig`` takes ``limit_mm_per_prompt``.
 
 from __future__ import annotations
 
+from ..settings import MODALITIES
 from ..shim import Shim, replace_attr
 from ._targets import GENERATOR, GENERATOR_REPLACED, accepts, module
 
 NAME = "multimodal_text_only"
-
-# Every modality name vLLM's models register (Kimi-K2.5 uses "vision_chunk").
-MODALITIES = ("image", "video", "audio", "vision_chunk")
 
 
 def probe() -> bool:

@@ -32,7 +32,7 @@ def probe() -> bool:
 
 
 def patch():
-    from ..errors import worker_died
+    from ..worker_errors import worker_died
 
     cls = module(GENERATOR).VllmHiddenStatesGenerator
 

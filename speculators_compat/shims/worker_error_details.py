@@ -33,7 +33,7 @@ class _Detailed(Exception):
 def patch():
     from vllm.v1.executor.multiproc_executor import WorkerProc
 
-    from ..errors import describe
+    from ..worker_errors import describe
 
     original = WorkerProc.enqueue_output
 

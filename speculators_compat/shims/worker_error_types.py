@@ -25,7 +25,7 @@ def probe() -> bool:
 
 
 def patch():
-    from ..errors import from_text
+    from ..worker_errors import from_text
 
     cls = compat_executor_class()
     base = inherited(cls, "collective_rpc")

@@ -51,7 +51,7 @@ def _folder() -> Path:
 
 def _reported(folder: Path, pids: set[int]) -> Exception | None:
     """The first report of a worker among ``pids``, as the worker's exception."""
-    from ..errors import from_text
+    from ..worker_errors import from_text
 
     for report in sorted(folder.glob("*.txt")):
         if int(report.stem.rpartition("-")[2]) not in pids:
@@ -73,7 +73,7 @@ def _reporting(name: str, original):
                 return original(self, *args, **kwargs)
             return getattr(self.worker, name)(*args, **kwargs)
         except Exception as exc:
-            from ..errors import describe
+            from ..worker_errors import describe
 
             rank, pid = getattr(self, "rpc_rank", "?"), os.getpid()
             folder = os.environ.get(ENV)
@@ -95,7 +95,7 @@ def patch():
     original_wait = inspect.getattr_static(WorkerProc, "wait_for_ready").__func__
 
     def reported(exc, unready_proc_handles, *_):
-        from ..errors import worker_died
+        from ..worker_errors import worker_died
 
         pids = {h.proc.pid for h in unready_proc_handles if getattr(h, "proc", None) is not None}
         return _reported(_folder(), pids) or worker_died(unready_proc_handles, "while starting")

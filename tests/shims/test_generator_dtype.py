@@ -16,7 +16,8 @@ def test_without_it_a_float32_checkpoint_is_extracted_in_half_precision():
 
 
 def test_the_choice_is_scoped_and_the_exported_variable_is_the_default(monkeypatch):
-    from speculators_compat.shims.generator_dtype import ENV, chosen_dtype, extraction_dtype
+    from speculators_compat.settings import DTYPE_ENV as ENV
+    from speculators_compat.settings import chosen_dtype, extraction_dtype
 
     monkeypatch.delenv(ENV, raising=False)
     assert chosen_dtype() == "auto"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from speculators_compat.errors import MARKER, WorkerError, describe, from_text
 from speculators_compat.shims.worker_error_types import SHIM
+from speculators_compat.worker_errors import MARKER, WorkerError, describe, from_text
 from tests.helpers import run_generator
 
 
