@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from speculators_compat.tiny import build, chat_dataset_path
-from tests.pipeline_helpers import cli, prepare
+from tests.pipeline_helpers import ROOT, cli, prepare
 
 # The CLI's handling of bad input starts no vLLM engine: tox runs it once per torch release.
 pytestmark = pytest.mark.cli_input
@@ -147,6 +150,41 @@ def test_the_dtype_is_the_runs_once_extraction_starts(tmp_path, model):
     assert _small_run(model, other.root, 3).returncode == 0
     start_shard(other, WHOLE, "auto", set())
     assert other.spec().dtype == "auto"
+
+
+HOLD_CLAIM = """
+import sys, time
+from speculators_compat.pipeline.layout import RunFolder
+with RunFolder(sys.argv[1]).writing(sys.argv[2]):
+    print("claimed", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_one_writer_per_run_a_live_one_refuses_others_a_dead_ones_claim_is_taken_over(tmp_path, model):
+    """Two commands writing one run folder at once (a second `run` started while the first
+    trains) overwrite each other's outputs: the second is refused, naming the first; once the
+    first is dead (SIGKILL leaves its claim behind) the next command takes the claim over."""
+    out = tmp_path / "r"
+    assert _small_run(model, out, 3).returncode == 0
+    before = (out / "token_freq.pt").read_bytes()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_CLAIM, str(out), "train"], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        second = _small_run(model, out, 3)
+        _fails(second, f"a train of this run is running on this machine (pid {holder.pid}, started")
+        assert "Wait for it to finish or stop it (nothing was changed)" in second.stderr
+        assert (out / "token_freq.pt").read_bytes() == before
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    writers = json.loads((out / "run.json").read_text())["writers"]
+    assert [w["pid"] for w in writers.values()] == [holder.pid]  # left behind by SIGKILL
+    again = _small_run(model, out, 3)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((out / "run.json").read_text())["writers"] == {}  # taken over, then given up
 
 
 def test_a_foreign_folder_is_never_touched(tmp_path, model):

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +37,30 @@ from .samples import existing_samples
 from .spec import IDENTITY, RunSpec
 
 STAGES = ("prepare", "extract", "vocab", "train")
+
+log = logging.getLogger("speculators_compat.pipeline")
+
+
+def process_start(pid) -> str | None:
+    """When process ``pid`` started (``/proc``'s clock ticks since boot), None where it does not
+    exist or the system does not say: with the pid, it names one process (a pid is reused)."""
+    try:
+        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError, TypeError, ValueError):
+        return None
+
+
+def alive(pid, started: str | None = None) -> bool:
+    """Process ``pid`` of this machine still runs (and, where ``started`` was recorded, it is the
+    same process, not a later one given the same pid)."""
+    try:
+        os.kill(int(pid), 0)
+    except PermissionError:
+        pass  # it exists, another user's
+    except (OSError, TypeError, ValueError):
+        return False
+    now = process_start(pid)
+    return started is None or now is None or now == started
 
 
 class RunFolder:
@@ -151,6 +178,57 @@ class RunFolder:
                 "this one, or choose another --out folder. Nothing was changed."
             )
         state["settings"] = {**state["settings"], **settings}
+
+    @contextlib.contextmanager
+    def writing(self, stage: str) -> Iterator[None]:
+        """This process writes ``stage``'s outputs for the block: a claim in ``run.json``
+        (host, pid, its start, the stage), taken under :meth:`lock` and given up when the block
+        ends. Refused while another live process of this machine writes this run (extractions
+        excepted, of one another: their shards check their own overlap); a claim from another
+        machine is warned of; a dead one is taken over. Under ``torchrun`` rank 0 claims for the
+        job."""
+        if os.environ.get("RANK", "0") != "0":
+            yield
+            return
+        host, pid = socket.gethostname(), os.getpid()
+        me = f"{host}:{pid}"
+        with self.update() as state:
+            writers = state.setdefault("writers", {})
+            for key, entry in list(writers.items()):
+                if key == me:
+                    continue
+                if entry.get("host") != host:
+                    log.warning(
+                        "a %s of this run started on %s (pid %s) at %s and has not finished: if it "
+                        "still runs, stop this command (two processes writing one run folder "
+                        "overwrite each other's outputs)",
+                        entry.get("stage"),
+                        entry.get("host"),
+                        entry.get("pid"),
+                        entry.get("started_at"),
+                    )
+                elif not alive(entry.get("pid"), entry.get("process_start")):
+                    del writers[key]  # it died: its claim is this command's now
+                elif not (stage == "extract" and entry.get("stage") == "extract"):
+                    raise PipelineError(
+                        f"a {entry.get('stage')} of this run is running on this machine (pid "
+                        f"{entry.get('pid')}, started {entry.get('started_at')}); this {stage} "
+                        f"would write {self.root} beside it. Wait for it to finish or stop it "
+                        "(nothing was changed)."
+                    )
+            writers[me] = {
+                "stage": stage,
+                "host": host,
+                "pid": pid,
+                "process_start": process_start(pid),
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+        try:
+            yield
+        finally:
+            if self.manifest.is_file():
+                with self.update() as state:
+                    state.get("writers", {}).pop(me, None)
 
     def clear(self) -> None:
         for p in (self.prepared, self.hidden_states, self.vocab, self.checkpoints):

@@ -98,19 +98,25 @@ def run_stages(
             log.info("%s: already complete in %s, skipped", stage, run.root)
             reports.append(StageReport(stage, 0.0, True, done))
             continue
-        log.info("%s: started (%s)", stage, environment_line())
-        t0 = time.perf_counter()
-        if stage == "prepare":
-            if spec.data is None:
-                raise PipelineError("prepare needs --data (a .json/.jsonl file or a datasets folder)")
-            result = prepare(run, spec, info, num_proc=options.num_proc)
-        elif stage == "extract":
-            result = extract(run, spec, info, options, layer_ids=layer_ids)
-        elif stage == "vocab":
-            result = build_vocab(run, info, spec.draft_vocab_size)
-        else:
-            result = train(run, spec, info, options.train, progress=options.progress)
-        seconds = time.perf_counter() - t0
+        with run.writing(stage):
+            done = run.done(stage)  # another process may have completed it meanwhile
+            if done is not None and not force:
+                log.info("%s: completed meanwhile in %s, skipped", stage, run.root)
+                reports.append(StageReport(stage, 0.0, True, done))
+                continue
+            log.info("%s: started (%s)", stage, environment_line())
+            t0 = time.perf_counter()
+            if stage == "prepare":
+                if spec.data is None:
+                    raise PipelineError("prepare needs --data (a .json/.jsonl file or a datasets folder)")
+                result = prepare(run, spec, info, num_proc=options.num_proc)
+            elif stage == "extract":
+                result = extract(run, spec, info, options, layer_ids=layer_ids)
+            elif stage == "vocab":
+                result = build_vocab(run, info, spec.draft_vocab_size)
+            else:
+                result = train(run, spec, info, options.train, progress=options.progress)
+            seconds = time.perf_counter() - t0
         facts = {k: v for k, v in vars(result).items() if k != "losses" and v is not None}
         reports.append(StageReport(stage, seconds, False, facts))
         log.info("%s: done in %.1f s", stage, seconds)

@@ -16,7 +16,7 @@ import time
 
 from .atomic import write_json
 from .errors import PipelineError
-from .layout import RunFolder
+from .layout import RunFolder, alive
 from .spec import Shard
 
 log = logging.getLogger("speculators_compat.pipeline")
@@ -62,7 +62,7 @@ def _no_overlap(shards: dict, shard: Shard) -> None:
             continue  # another shard of the same split: no sample in common
         what = f"extraction {'--shard ' + name if name != '0/1' else 'without --shard'}"
         if entry.get("host") == host:
-            if not _alive(entry.get("pid")):
+            if not alive(entry.get("pid")):
                 continue  # it died (a resumed run): its leftovers are this command's to clean up
             raise PipelineError(
                 f"an {what} of this run is running on this machine (pid {entry['pid']}, started "
@@ -77,14 +77,6 @@ def _no_overlap(shards: dict, shard: Shard) -> None:
             entry.get("pid"),
             entry.get("started_at"),
         )
-
-
-def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, TypeError, ValueError):
-        return False
-    return True
 
 
 def finish_shard(run: RunFolder, shard: Shard, extracted: int) -> None:
