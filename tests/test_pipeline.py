@@ -73,6 +73,34 @@ def test_demo_training_loss_decreases(demo_run):
     assert "training loss" in stdout
 
 
+def test_a_damaged_sample_is_named_before_training_then_extracted_again(demo_run, tmp_path):
+    """The demo's run with data_3.pt cut in half: train refuses naming it; `extract` sets it aside
+    and extracts exactly that sample again, the same states as the first time."""
+    import shutil
+
+    run, _ = demo_run
+    copy = RunFolder(tmp_path / "run")
+    shutil.copytree(run.root, copy.root, ignore=shutil.ignore_patterns("checkpoints", "train_metrics.jsonl"))
+    victim = copy.hidden_states / "data_3.pt"
+    original = torch.load(victim)
+    size = victim.stat().st_size
+    with victim.open("r+b") as f:
+        f.truncate(size // 2)
+    refused = cli("train", "--out", copy.root, "--epochs", 1, "--quiet")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert f"data_3.pt: {size // 2} bytes, extraction wrote {size}" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    again = cli("extract", "--out", copy.root, "--quiet")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "extracted_now=1" in again.stdout and "set aside as data_N.pt.damaged" in again.stderr
+    assert (copy.hidden_states / "data_3.pt.damaged").stat().st_size == size // 2
+    redone = torch.load(victim)
+    assert torch.equal(redone["input_ids"], original["input_ids"])
+    for a, b in zip(redone["hidden_states"], original["hidden_states"], strict=True):
+        assert torch.equal(a, b)
+    assert cli("verify", "--out", copy.root).returncode == 0
+
+
 @pytest.mark.training
 def test_training_the_same_run_again_gives_the_same_losses(demo_run, tmp_path):
     """The run's seed decides the draft's initial weights and the training noise: training a copy

@@ -152,6 +152,52 @@ def test_the_dtype_is_the_runs_once_extraction_starts(tmp_path, model):
     assert other.spec().dtype == "auto"
 
 
+def _extracted_by_hand(model, out, samples: int):
+    """A prepared run whose sample files are written as extraction writes them (random states of
+    the right shapes, their sizes recorded), without vLLM: what vocab, train and verify read."""
+    import datasets
+    import torch
+
+    from speculators_compat.pipeline.layout import RunFolder
+    from speculators_compat.pipeline.samples import write_batch
+    from speculators_compat.pipeline.shards import record_sizes
+
+    assert _small_run(model, out, samples).returncode == 0
+    run = RunFolder(out)
+    rows = list(datasets.load_from_disk(str(run.prepared)).with_format(None))
+    results = [
+        {"input_ids": row["input_ids"], "hidden_states": [torch.randn(len(row["input_ids"]), 64)] * 4}
+        for row in rows
+    ]
+    run.hidden_states.mkdir()
+    write_batch(run.hidden_states, list(range(len(rows))), rows, results, lambda s: record_sizes(run, s))
+    run.mark_done("extract", samples=len(rows))
+    return run
+
+
+def test_a_damaged_sample_file_is_named_before_any_stage_reads_it(tmp_path, model):
+    """A data_N.pt cut short (a copy interrupted, a flaky disk): vocab and train refuse before
+    reading it, naming the file, its size and what extraction wrote; `verify` says the same."""
+    run = _extracted_by_hand(model, tmp_path / "r", 3)
+    victim = run.hidden_states / "data_1.pt"
+    size = victim.stat().st_size
+    with victim.open("r+b") as f:
+        f.truncate(size // 2)
+    for stage in ("vocab", "train"):
+        proc = cli(stage, "--out", run.root)
+        _fails(proc, f"data_1.pt: {size // 2} bytes, extraction wrote {size}", "speculators-compat extract")
+        assert "1 of 3 files" in proc.stderr
+    verify = cli("verify", "--out", run.root)
+    assert verify.returncode == 1, verify.stderr[-3000:]
+    assert "3 on disk, 0 missing, 1 damaged" in verify.stdout and "data_1.pt" in verify.stdout
+    # without a recorded size (a run extracted before sizes were recorded): the file itself
+    record = json.loads(run.extraction_record.read_text())
+    record.pop("sizes")
+    run.extraction_record.write_text(json.dumps(record))
+    _fails(cli("vocab", "--out", run.root), "data_1.pt: not a whole torch file")
+    assert victim.stat().st_size == size // 2  # nothing was changed
+
+
 HOLD_CLAIM = """
 import sys, time
 from speculators_compat.pipeline.layout import RunFolder

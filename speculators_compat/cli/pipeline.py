@@ -380,6 +380,28 @@ def register(main: click.Group) -> None:
 
     _register_serve_check(main)
 
+    @main.command()
+    @click.option("--out", type=click.Path(path_type=Path), required=True, help="Run folder.")
+    @guard
+    def verify(out):
+        """Check a run folder's sample files without loading them: every prepared sample's
+        data_N.pt is there, of the size extraction wrote, and a whole torch file. Exits 1 naming
+        what is missing or damaged (`extract` extracts exactly those again)."""
+        run = RunFolder(out)
+        samples = run.require("prepare", "verify")["samples"]
+        missing, damaged = run.missing_samples(samples), run.damaged_samples(samples)
+        click.echo(
+            f"{run.hidden_states}: {samples} samples prepared, {samples - len(missing)} on disk, "
+            f"{len(missing)} missing, {len(damaged)} damaged"
+        )
+        if missing:
+            click.echo(f"  missing: {run.describe_missing(missing)}")
+        for i, what in damaged.items():
+            click.echo(f"  damaged: data_{i}.pt: {what}")
+        if missing or damaged:
+            click.echo(f"  run `speculators-compat extract --out {run.root}` to extract them again")
+            sys.exit(1)
+
 
 def _aux_ablation(run: RunFolder) -> None:
     """The served draft again, its aux layer ids one layer early (speculators' captured ids taken

@@ -22,7 +22,7 @@ from .errors import PipelineError
 from .layout import RunFolder
 from .model_info import ModelInfo
 from .samples import BatchWriter, check_batch, existing_samples, sample_index, write_batch
-from .shards import finish_shard, start_shard
+from .shards import finish_shard, record_sizes, start_shard
 from .spec import WHOLE, RunOptions, RunSpec
 
 log = logging.getLogger("speculators_compat.pipeline")
@@ -94,6 +94,21 @@ def extract(
     with extraction_dtype(spec.dtype):
         wanted = chosen_dtype()
     start_shard(run, shard, wanted, have)  # before any file is touched
+    damaged = run.damaged_samples(len(prepared), shard.owns)
+    for i in damaged:  # set aside (not data_N.pt: no loader reads it), then extracted again
+        sample = out / f"data_{i}.pt"
+        sample.replace(sample.with_name(sample.name + ".damaged"))
+    if damaged:
+        log.warning(
+            "%d damaged sample files set aside as data_N.pt.damaged, to be extracted again: %s",
+            len(damaged),
+            "; ".join(f"data_{i}.pt: {what}" for i, what in list(damaged.items())[:5]),
+        )
+        have -= set(damaged)
+
+    def sizes(written: dict[int, int]) -> None:
+        record_sizes(run, written)
+
     # A shard removes only its own samples' leftovers: another may be writing its files now.
     leftovers = remove_partials(
         out, lambda name: shard == WHOLE or ((i := sample_index(name)) is not None and shard.owns(i))
@@ -160,7 +175,7 @@ def extract(
                 ) from exc
             check_batch(chunk, rows, results, kept=already + start)
             # Written while the next batch is generated (the model's forward and the disk overlap).
-            bar.update(writer.submit(lambda c=chunk, r=rows, res=results: write_batch(out, c, r, res)))
+            bar.update(writer.submit(lambda c=chunk, r=rows, res=results: write_batch(out, c, r, res, sizes)))
         bar.update(writer.finish())
         bar.close()
     finally:

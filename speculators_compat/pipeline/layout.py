@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .atomic import write_json
 from .errors import PipelineError
-from .samples import existing_samples
+from .samples import damage, existing_samples
 from .spec import IDENTITY, RunSpec
 
 STAGES = ("prepare", "extract", "vocab", "train")
@@ -271,6 +271,19 @@ class RunFolder:
         have = existing_samples(self.hidden_states)
         return [i for i in range(samples) if i not in have]
 
+    def damaged_samples(self, samples: int, owned=None) -> dict[int, str]:
+        """The sample files here (of the first ``samples``; where ``owned``, those it accepts)
+        that are not what extraction wrote: ``{i: what is wrong}``."""
+        sizes = self.extraction_state().get("sizes", {})
+        found = {}
+        for i in sorted(existing_samples(self.hidden_states)):
+            if i < samples and (owned is None or owned(i)):
+                recorded = sizes.get(str(i))
+                what = damage(self.hidden_states / f"data_{i}.pt", recorded)
+                if what:
+                    found[i] = what
+        return found
+
     def describe_missing(self, missing: list[int]) -> str:
         """The missing sample indices, and for each shard count on record, which of its shards
         own them and whether they finished (host, pid, times)."""
@@ -307,6 +320,15 @@ class RunFolder:
                 "unfinished --shard I/N) to extract them; nothing was changed."
             )
         self.require("extract", needed_by)
+        damaged = self.damaged_samples(samples)
+        if damaged:
+            shown = "; ".join(f"data_{i}.pt: {what}" for i, what in list(damaged.items())[:5])
+            raise PipelineError(
+                f"{needed_by} needs every sample's hidden states; {len(damaged)} of {samples} files in "
+                f"{self.hidden_states} are damaged ({shown}{'; ...' if len(damaged) > 5 else ''}). Run "
+                f"`speculators-compat extract --out {self.root}` to extract them again (it sets the "
+                "damaged files aside as data_N.pt.damaged); nothing was changed."
+            )
 
 
 def _ranges(indices: list[int], limit: int = 12) -> str:

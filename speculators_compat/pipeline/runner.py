@@ -68,6 +68,20 @@ def _stop_on_failed_shims() -> None:
         raise PipelineError(failure_report(failures) + "\nNothing was run.")
 
 
+def _samples_to_redo(run: RunFolder) -> bool:
+    """A complete extraction whose sample files have since gone missing or been damaged: run it
+    again (it extracts exactly those)."""
+    samples = run.require("prepare", "extract")["samples"]
+    missing, damaged = run.missing_samples(samples), run.damaged_samples(samples)
+    if missing or damaged:
+        log.warning(
+            "extract: complete, but %d sample files are missing and %d damaged since: extracting them again",
+            len(missing),
+            len(damaged),
+        )
+    return bool(missing or damaged)
+
+
 def run_stages(
     run: RunFolder, options: RunOptions, stages: tuple[str, ...], *, force: bool = False
 ) -> list[StageReport]:
@@ -94,13 +108,13 @@ def run_stages(
         if stage not in stages:
             continue
         done = run.done(stage)
-        if done is not None and not force:
+        if done is not None and not force and not (stage == "extract" and _samples_to_redo(run)):
             log.info("%s: already complete in %s, skipped", stage, run.root)
             reports.append(StageReport(stage, 0.0, True, done))
             continue
         with run.writing(stage):
             done = run.done(stage)  # another process may have completed it meanwhile
-            if done is not None and not force:
+            if done is not None and not force and not (stage == "extract" and _samples_to_redo(run)):
                 log.info("%s: completed meanwhile in %s, skipped", stage, run.root)
                 reports.append(StageReport(stage, 0.0, True, done))
                 continue

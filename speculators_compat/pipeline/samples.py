@@ -84,15 +84,38 @@ def check_batch(chunk: list[int], rows: list[dict], results: list[dict], kept: i
         )
 
 
-def write_batch(out: Path, chunk: list[int], rows: list[dict], results: list[dict]) -> int:
-    """One batch's samples as ``data_{i}.pt`` (each written whole, then renamed); returns how many."""
+def write_batch(out: Path, chunk: list[int], rows: list[dict], results: list[dict], on_written=None) -> int:
+    """One batch's samples as ``data_{i}.pt`` (each written whole, then renamed); returns how many.
+    ``on_written`` gets ``{i: bytes}`` of the files written (what :func:`damage` checks later)."""
     import torch
 
+    sizes = {}
     for i, row, result in zip(chunk, rows, results, strict=True):
         n = len(result["input_ids"])
         sample = sample_record(result["input_ids"], result["hidden_states"], row["loss_mask"][:n])
-        write_file(out / f"data_{i}.pt", lambda tmp, s=sample: torch.save(s, tmp))
+        path = out / f"data_{i}.pt"
+        write_file(path, lambda tmp, s=sample: torch.save(s, tmp))
+        sizes[i] = path.stat().st_size
+    if on_written is not None:
+        on_written(sizes)
     return len(chunk)
+
+
+def damage(path: Path, recorded: int | None) -> str | None:
+    """What is wrong with the sample file ``path`` (None: nothing found), cheaply: its size
+    against the ``recorded`` one (what extraction wrote), and whether it is a whole torch file
+    (``torch.save`` writes a zip archive; a cut one has no central directory at its end)."""
+    import zipfile
+
+    size = path.stat().st_size
+    if recorded is not None and size != recorded:
+        return f"{size} bytes, extraction wrote {recorded}"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+    except (zipfile.BadZipFile, OSError) as exc:
+        return f"not a whole torch file ({exc})"
+    return None
 
 
 class BatchWriter:

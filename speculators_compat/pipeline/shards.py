@@ -85,3 +85,11 @@ def finish_shard(run: RunFolder, shard: Shard, extracted: int) -> None:
         entry = record.setdefault("shards", {}).setdefault(str(shard), {})
         entry.update(finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), extracted=extracted)
         write_json(run.extraction_record, record)
+
+
+def record_sizes(run: RunFolder, sizes: dict[int, int]) -> None:
+    """Each written sample's size in ``extraction.json`` (checked before training reads them)."""
+    with run.lock():
+        record = run.extraction_state()
+        record.setdefault("sizes", {}).update({str(i): n for i, n in sizes.items()})
+        write_json(run.extraction_record, record)

@@ -87,6 +87,31 @@ class TrainResult:
     loader_workers: int = 0
 
 
+def _sample_dataset_class():
+    """speculators' ``Eagle3SampleFileDataset`` whose unreadable sample stops training with its
+    file named (what to do included), not the loader's traceback; module-level, so that loader
+    workers started by spawn can unpickle it."""
+    global SampleFileDataset
+    if "SampleFileDataset" in globals():
+        return SampleFileDataset
+    from speculators.train.data import Eagle3SampleFileDataset
+
+    class SampleFileDataset(Eagle3SampleFileDataset):
+        def __getitem__(self, index):
+            try:
+                return super().__getitem__(index)
+            except Exception as exc:  # noqa: BLE001 (torch.load's errors have no common type)
+                path = Path(self.data[index])
+                raise PipelineError(
+                    f"{path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0]}): "
+                    f"run `speculators-compat extract --out {path.parents[1]}` to extract it again, "
+                    "then train again (training resumes from the last complete epoch)."
+                ) from exc
+
+    SampleFileDataset.__module__ = __name__
+    return SampleFileDataset
+
+
 class _MetricsFile(logging.Handler):
     """Receives speculators' metric records (dicts on ``speculators.metrics``) on rank 0."""
 
@@ -201,7 +226,6 @@ def train(
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from speculators.train.data import (
-        Eagle3SampleFileDataset,
         create_collate_fn,
         split_files,
         standardize_data_v1,
@@ -254,7 +278,7 @@ def train(
         raise PipelineError(f"{run.hidden_states} holds no data files; run extract first.")
 
     def loader(files, noise: bool):
-        dataset = Eagle3SampleFileDataset(
+        dataset = _sample_dataset_class()(
             file_list=files,
             max_len=options.total_seq_len,
             standardize_fn=standardize_data_v1,
@@ -322,6 +346,9 @@ def train(
             trainer.run_training()
     except torch.OutOfMemoryError as exc:
         raise PipelineError(out_of_memory_advice(run, options.total_seq_len, exc)) from exc
+    except PipelineError as exc:  # a sample that cannot be read; from a loader worker, wrapped
+        text = str(exc)
+        raise PipelineError(text.rsplit("PipelineError: ", 1)[-1].strip()) from None
     finally:
         metrics.removeHandler(handler)
         metrics.propagate = propagate
