@@ -198,6 +198,52 @@ def test_a_damaged_sample_file_is_named_before_any_stage_reads_it(tmp_path, mode
     assert victim.stat().st_size == size // 2  # nothing was changed
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs (the suite runs as root in CI); skipped where mounting is not allowed."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(folder)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip() or 'not permitted'}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_full_disk_is_named_and_nothing_partial_is_kept(small_disk):
+    """A write that runs out of space (torch's zip writer reports it as a short write, no errno):
+    a clear error naming the disk, no partial file, what was written before kept."""
+    import torch
+
+    from speculators_compat.pipeline.atomic import DiskFull, write_file
+
+    first = write_file(small_disk / "data_0.pt", lambda tmp: torch.save(torch.zeros(2**18), tmp))  # 1 MiB
+    with pytest.raises(DiskFull) as caught:
+        write_file(small_disk / "data_1.pt", lambda tmp: torch.save(torch.zeros(2**20), tmp))  # 4 MiB
+    message = str(caught.value)
+    assert f"the disk holding {small_disk} is full" in message and "writing data_1.pt" in message
+    assert "run the same command again" in message
+    assert sorted(p.name for p in small_disk.iterdir()) == ["data_0.pt"]  # nothing partial
+    assert torch.load(first).numel() == 2**18
+
+
+def test_extraction_that_cannot_fit_is_refused_before_vllm_starts(tmp_path, small_disk, model):
+    """The states' size (tokens x layers x hidden x bytes) against the disk's free space, before
+    the engine starts: refused naming both, nothing written."""
+    out = small_disk / "r"
+    assert _small_run(model, out, 6).returncode == 0
+    free = shutil.disk_usage(small_disk).free
+    (small_disk / "filler").write_bytes(b"\0" * (free - 16 * 1024))  # 16 KiB left
+    proc = cli("extract", "--out", out, "--dtype", "float32", "--quiet")
+    _fails(proc, "extracting 6 samples needs about", f"in {out / 'hidden_states'}, and its disk has")
+    assert "nothing was written" in proc.stderr
+    assert not list((out / "hidden_states").glob("data_*"))
+
+
 HOLD_CLAIM = """
 import sys, time
 from speculators_compat.pipeline.layout import RunFolder

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..settings import chosen_dtype, extraction_dtype
 from ..worker_errors import WorkerDied, WorkerError
-from .atomic import remove_partials, write_json
+from .atomic import DiskFull, free_bytes, gib, remove_partials, write_json
 from .errors import PipelineError
 from .layout import RunFolder
 from .model_info import ModelInfo
@@ -132,6 +132,9 @@ def extract(
         f" (shard {shard} of {len(prepared)} samples)" if shard != WHOLE else "",
         already,
     )
+    per_token = bytes_per_token(run, prepared, info, layer_ids, wanted)
+    need = per_token * sum(len(prepared[i]["input_ids"]) for i in todo)
+    check_space(out, need, f"extracting {len(todo)} samples")
     generator = None
     if todo:
         from ..cpu_alias import ensure_vllm_cpu_alias
@@ -174,10 +177,27 @@ def extract(
                     "the same command again to resume."
                 ) from exc
             check_batch(chunk, rows, results, kept=already + start)
+            batch_need = per_token * sum(len(r["input_ids"]) for r in rows)
+            if free_bytes(out) < 1.1 * batch_need:  # (only when space is short: one statvfs)
+                writer.finish()
+                raise PipelineError(
+                    f"the disk holding {out} has {gib(free_bytes(out))} free, less than the next batch "
+                    f"needs (about {gib(batch_need)}); the {len(existing_samples(out))} samples on disk "
+                    "are kept. Free space (or move the run folder), then run the same command again."
+                )
             # Written while the next batch is generated (the model's forward and the disk overlap).
             bar.update(writer.submit(lambda c=chunk, r=rows, res=results: write_batch(out, c, r, res, sizes)))
         bar.update(writer.finish())
         bar.close()
+    except DiskFull as exc:
+        writer.close()
+        kept = len(existing_samples(out))
+        left = [i for i in todo if not (out / f"data_{i}.pt").is_file()]
+        more = per_token * sum(len(prepared[i]["input_ids"]) for i in left)
+        raise PipelineError(
+            f"{exc}\n{kept} of {len(prepared)} samples are on disk in {out} and are kept; {len(left)} to "
+            f"go need about {gib(more)} more at this run's {per_token} bytes a token."
+        ) from exc
     finally:
         writer.close()
         if generator is not None:
@@ -198,6 +218,36 @@ def extract(
     write_data_config(run, spec, info, layer_ids, len(prepared), tensor_parallel_size, wanted)
     run.mark_done("extract", **{k: v for k, v in vars(result).items() if k != "missing"})
     return result
+
+
+#: Bytes per element of the states in each extraction dtype ("auto": vLLM runs float32 and
+#: bfloat16 checkpoints in 16-bit).
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+
+
+def bytes_per_token(run: RunFolder, prepared, info: ModelInfo, layer_ids: list[int], dtype: str) -> int:
+    """What one token's sample takes on disk: measured from the files extraction recorded, else
+    the states' size (layers x hidden x the dtype's bytes) plus its id and loss mask (8 bytes
+    each). Kimi-K2.5 in bfloat16: 4 x 7,168 x 2 + 16 = 57,360."""
+    sizes = run.extraction_state().get("sizes", {})
+    if sizes:
+        tokens = sum(len(prepared[int(i)]["input_ids"]) for i in sizes if int(i) < len(prepared))
+        if tokens:
+            return max(1, round(sum(sizes.values()) / tokens))
+    return len(layer_ids) * info.hidden_size * _DTYPE_BYTES.get(dtype, 4) + 16
+
+
+def check_space(folder, need: int, what: str) -> None:
+    """Refuse ``what`` (nothing written yet) where the disk holding ``folder`` has less free
+    space than the ``need`` estimated; warn within 10% of it."""
+    free = free_bytes(folder)
+    if need > free:
+        raise PipelineError(
+            f"{what} needs about {gib(need)} in {folder}, and its disk has {gib(free)} free. Free "
+            "space (or move the run folder), then run the same command again; nothing was written."
+        )
+    if need > 0.9 * free:
+        log.warning("%s needs about %s in %s: its disk has %s free", what, gib(need), folder, gib(free))
 
 
 def write_data_config(
