@@ -43,7 +43,7 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
 
-def _disk_full(exc: BaseException, folder: Path) -> bool:
+def disk_full(exc: BaseException, folder: Path) -> bool:
     """``exc`` (or what caused it) is out of space: ENOSPC/EDQUOT, or any write error while the
     disk is nearly full."""
     seen = exc
@@ -78,7 +78,7 @@ def write_file(path: Path, write: Callable[[Path], None]) -> Path:
         os.replace(tmp, path)
     except (OSError, RuntimeError) as exc:
         tmp.unlink(missing_ok=True)  # first: the space it took is what the check below reads
-        if _disk_full(exc, path.parent):
+        if disk_full(exc, path.parent):
             raise DiskFull(path, exc) from exc
         raise
     finally:
@@ -102,7 +102,7 @@ def write_dir(path: Path, write: Callable[[Path], None]) -> Path:
         os.replace(tmp, path)
     except (OSError, RuntimeError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if _disk_full(exc, path.parent):
+        if disk_full(exc, path.parent):
             raise DiskFull(path, exc) from exc
         raise
     finally:

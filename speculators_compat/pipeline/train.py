@@ -346,6 +346,17 @@ def train(
             trainer.run_training()
     except torch.OutOfMemoryError as exc:
         raise PipelineError(out_of_memory_advice(run, options.total_seq_len, exc)) from exc
+    except (OSError, RuntimeError) as exc:  # speculators' checkpointer writes on its own
+        from .atomic import disk_full, free_bytes, gib
+
+        if not disk_full(exc, run.checkpoints):
+            raise
+        raise PipelineError(
+            f"the disk holding {run.checkpoints} is full ({gib(free_bytes(run.checkpoints))} free) "
+            f"while training ({type(exc).__name__}: {str(exc).splitlines()[0]}). Free space (or move "
+            "the run folder), then run the same command again: training resumes from the last "
+            "complete epoch's checkpoint."
+        ) from exc
     except PipelineError as exc:  # a sample that cannot be read; from a loader worker, wrapped
         text = str(exc)
         raise PipelineError(text.rsplit("PipelineError: ", 1)[-1].strip()) from None
