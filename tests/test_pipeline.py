@@ -75,7 +75,10 @@ def test_demo_training_loss_decreases(demo_run):
 
 def test_a_damaged_sample_is_named_before_training_then_extracted_again(demo_run, tmp_path):
     """The demo's run with data_3.pt cut in half: train refuses naming it; `extract` sets it aside
-    and extracts exactly that sample again, the same states as the first time."""
+    and extracts exactly that sample again: the same tokens, the same states within float32's
+    bound on the trained verifier (alone, not in its first batch: not bit for bit)."""
+    from speculators_compat.oracle.reference import relative_error, tolerance
+
     import shutil
 
     run, _ = demo_run
@@ -97,7 +100,7 @@ def test_a_damaged_sample_is_named_before_training_then_extracted_again(demo_run
     redone = torch.load(victim)
     assert torch.equal(redone["input_ids"], original["input_ids"])
     for a, b in zip(redone["hidden_states"], original["hidden_states"], strict=True):
-        assert torch.equal(a, b)
+        assert relative_error(a, b) <= tolerance("float32", sharp=True), relative_error(a, b)
     assert cli("verify", "--out", copy.root).returncode == 0
 
 
