@@ -77,9 +77,9 @@ def test_a_damaged_sample_is_named_before_training_then_extracted_again(demo_run
     """The demo's run with data_3.pt cut in half: train refuses naming it; `extract` sets it aside
     and extracts exactly that sample again: the same tokens, the same states within float32's
     bound on the trained verifier (alone, not in its first batch: not bit for bit)."""
-    from speculators_compat.oracle.reference import relative_error, tolerance
-
     import shutil
+
+    from speculators_compat.oracle.reference import relative_error, tolerance
 
     run, _ = demo_run
     copy = RunFolder(tmp_path / "run")
