@@ -135,6 +135,33 @@ class LoaderWait:
 WAITS = None
 
 
+class OptimizerTime:
+    """Seconds each optimizer step takes (torch's global step hooks; the GPU synchronized before
+    and after, so the step's own kernels are what is timed)."""
+
+    def __init__(self):
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self.times: list[float] = []
+        self._t0 = 0.0
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+        def pre(*_):
+            sync()
+            self._t0 = time.perf_counter()
+
+        def post(*_):
+            sync()
+            self.times.append(time.perf_counter() - self._t0)
+
+        register_optimizer_step_pre_hook(pre)
+        register_optimizer_step_post_hook(post)
+
+
+OPTIMIZER = None
+
+
 def dynamo_graphs() -> int:
     from torch._dynamo.utils import counters
 
@@ -321,6 +348,7 @@ def kimi_train(run_dir: Path, total_seq_len: int, num_workers: int | None, warmu
     args = ["--num-workers", str(num_workers)] if num_workers is not None else []
     args += ["--precision", precision] if precision else []
     del WAITS.waits[:]
+    del OPTIMIZER.times[:]
     try:
         cli("train", "--out", str(run_dir), "--quiet", "--epochs", "1", "--total-seq-len", str(total_seq_len),
             *args)  # fmt: skip
@@ -351,6 +379,7 @@ def kimi_train(run_dir: Path, total_seq_len: int, num_workers: int | None, warmu
         "num_workers": facts.get("loader_workers", num_workers),
         "precision": facts.get("precision"),
         "loader_wait_s": round(wait_s, 3) if wait_s is not None else None,
+        "optimizer_step_s": round(statistics.median(OPTIMIZER.times[warmup:]), 4) if OPTIMIZER.times[warmup:] else None,
         "gpu_share": round(1 - wait_s / step_s, 3) if wait_s is not None else None,
         "steps": len(steps),
         "first_step_s": round(gaps[0], 1),
@@ -464,9 +493,10 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import speculators_compat  # noqa: F401  (the documented entry point: activates the shims)
 
-    global HITS, WAITS
+    global HITS, WAITS, OPTIMIZER
     HITS = RecompileLimitHits()
     WAITS = LoaderWait()
+    OPTIMIZER = OptimizerTime()
 
     args.work.mkdir(parents=True, exist_ok=True)
     report = {"environment": environment()}

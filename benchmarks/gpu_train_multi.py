@@ -21,7 +21,7 @@ through the documented entry point, ``torchrun --nproc_per_node N -m speculators
 Keep NVLink multicast off (the device notes say why): ``NCCL_NVLS_ENABLE=0`` is set for the ranks.
 
     python benchmarks/gpu_train_multi.py --ranks 2 [--total-seq-len 8192] [--steps 12] [--warmup 4]
-        [--epochs 1] [--kill-rank 1 --kill-after 3] [--single gpu_train.json] [--work DIR] [--out DIR]
+        [--epochs 1] [--precision fp32|tf32|bf16] [--num-workers N] [--kill-rank 1 --kill-after 3] [--single gpu_train.json] [--work DIR] [--out DIR]
 
 A CPU dry run (gloo; the distributed_cpu shim) checks the script itself: add
 ``--hidden 64 --vocab 512 --draft-vocab 256 --min-len 64 --max-len 256 --total-seq-len 512``.
@@ -82,6 +82,8 @@ def torchrun(args, run_dir: Path, epochs: int) -> subprocess.Popen:
         "-m", "speculators_compat", "train", "--out", str(run_dir), "--quiet", "--epochs", str(epochs),
         "--total-seq-len", str(args.total_seq_len),
     ]  # fmt: skip
+    command += ["--precision", args.precision] if args.precision else []
+    command += ["--num-workers", str(args.num_workers)] if args.num_workers is not None else []
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
     logfile = open(run_dir / f"torchrun-{int(time.time())}.log", "w")  # noqa: SIM115 (lives with the run)
     return subprocess.Popen(command, env=env, cwd=ROOT, stdout=logfile, stderr=subprocess.STDOUT)
@@ -129,7 +131,9 @@ def scaling(args, verifier: Path, pool: Path, lengths: list[int], text: dict, la
         code = proc.wait()
     t_end = time.time()
     steps = gpu_train.metrics(run_dir)
-    row = {"ranks": args.ranks, "total_seq_len": args.total_seq_len, "exit_code": code, "steps": len(steps)}
+    facts = json.loads((run_dir / "run.json").read_text())["stages"].get("train", {})
+    row = {"ranks": args.ranks, "total_seq_len": args.total_seq_len, "exit_code": code, "steps": len(steps),
+           "precision": facts.get("precision"), "num_workers": facts.get("loader_workers")}  # fmt: skip
     if code != 0 or not steps:
         row["log_tail"] = sorted(run_dir.glob("torchrun-*.log"))[-1].read_text()[-3000:]
         return row
@@ -151,6 +155,7 @@ def scaling(args, verifier: Path, pool: Path, lengths: list[int], text: dict, la
         peak_memory_used_mib=memory.peak or None,
         end_s=round(t_end - times[-1], 1),
         loss_first_last=[steps[0]["train"]["loss"], steps[-1]["train"]["loss"]],
+        losses=[round(m["train"]["loss"], 6) for m in steps],
     )
     if args.single:
         single = json.loads(args.single.read_text())
@@ -205,6 +210,10 @@ def main() -> None:
     p.add_argument("--kill-rank", type=int, default=None, help="also run the resume check, killing this rank")
     p.add_argument("--kill-after", type=int, default=3, help="steps of the second epoch before the kill")
     p.add_argument("--single", type=Path, default=None, help="benchmarks/gpu_train.py's gpu_train.json")
+    from speculators_compat.pipeline.train import PRECISIONS
+
+    p.add_argument("--precision", choices=PRECISIONS, help="default: train's (tf32 on a GPU)")
+    p.add_argument("--num-workers", type=int, default=None, help="default: train's (4 on a GPU)")
     p.add_argument("--pool", type=int, default=16)
     p.add_argument("--min-len", type=int, default=1024)
     p.add_argument("--max-len", type=int, default=4096)
