@@ -379,7 +379,9 @@ def kimi_train(run_dir: Path, total_seq_len: int, num_workers: int | None, warmu
         "num_workers": facts.get("loader_workers", num_workers),
         "precision": facts.get("precision"),
         "loader_wait_s": round(wait_s, 3) if wait_s is not None else None,
-        "optimizer_step_s": round(statistics.median(OPTIMIZER.times[warmup:]), 4) if OPTIMIZER.times[warmup:] else None,
+        "optimizer_step_s": (
+            round(statistics.median(OPTIMIZER.times[warmup:]), 4) if OPTIMIZER.times[warmup:] else None
+        ),
         "gpu_share": round(1 - wait_s / step_s, 3) if wait_s is not None else None,
         "steps": len(steps),
         "first_step_s": round(gaps[0], 1),
