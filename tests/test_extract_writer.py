@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from speculators_compat.pipeline.atomic import DiskFull
 from speculators_compat.pipeline.samples import BatchWriter, existing_samples, write_batch
 
 
@@ -64,7 +65,8 @@ def test_a_failed_write_stops_the_run_and_keeps_what_was_written(tmp_path, monke
     try:
         writer.submit(lambda: write_batch(tmp_path, *_batch(0, 3)))
         writer.submit(lambda: write_batch(tmp_path, *_batch(3, 3)))
-        with pytest.raises(OSError, match="No space left on device"):
+        # out of space: the run's clear error (atomic.DiskFull), naming the file, the cause kept
+        with pytest.raises(DiskFull, match=r"is full .* writing data_4\.pt \(OSError: \[Errno 28\]"):
             writer.finish()
     finally:
         writer.close()
@@ -80,9 +82,10 @@ def test_closing_after_an_error_elsewhere_lets_the_batch_land(tmp_path):
 
 
 def test_a_batch_whose_states_do_not_cover_their_tokens_stops_before_it_is_written():
-    """speculators 0.3.0's offset slicing under chunked prefill (speculators #279, the token_attribution shim
-    off): the batch's last samples come back short and the rest hold other sequences' rows.
-    The check names the samples and what is kept (tests/test_ablations.py runs it in vLLM)."""
+    """speculators 0.3.0's offset slicing under chunked prefill (speculators #279, the
+    token_attribution shim off): the batch's last samples come back short and the rest hold other
+    sequences' rows. The check names the samples and what is kept (tests/test_ablations.py runs it
+    in vLLM)."""
     from speculators_compat.pipeline.errors import PipelineError
     from speculators_compat.pipeline.samples import check_batch
 
