@@ -69,8 +69,11 @@ def _stop_on_failed_shims() -> None:
 
 
 def _samples_to_redo(run: RunFolder) -> bool:
-    """A complete extraction whose sample files have since gone missing or been damaged: run it
-    again (it extracts exactly those)."""
+    """A complete extraction whose sample files have since gone missing or been damaged, while
+    training still needs them (not once the draft is trained): run it again (it extracts
+    exactly those)."""
+    if run.done("extract") is None or run.done("train") is not None:
+        return False
     samples = run.require("prepare", "extract")["samples"]
     missing, damaged = run.missing_samples(samples), run.damaged_samples(samples)
     if missing or damaged:
@@ -97,7 +100,10 @@ def run_stages(
     warn_if_untested()
     info = inspect_model(spec.model)
     seq_length = spec.seq_length
-    pending = {stage for stage in stages if force or run.done(stage) is None}
+    redo = "extract" in stages and not force and _samples_to_redo(run)
+    pending = {stage for stage in stages if force or run.done(stage) is None} | (
+        {"extract"} if redo else set()
+    )
     if pending & {"prepare", "extract"}:
         check_seq_length(info, seq_length)  # vLLM's limit, before any stage runs
     if pending & {"extract", "train"}:
@@ -108,13 +114,13 @@ def run_stages(
         if stage not in stages:
             continue
         done = run.done(stage)
-        if done is not None and not force and not (stage == "extract" and _samples_to_redo(run)):
+        if done is not None and not force and not (stage == "extract" and redo):
             log.info("%s: already complete in %s, skipped", stage, run.root)
             reports.append(StageReport(stage, 0.0, True, done))
             continue
         with run.writing(stage):
             done = run.done(stage)  # another process may have completed it meanwhile
-            if done is not None and not force and not (stage == "extract" and _samples_to_redo(run)):
+            if done is not None and not force and not (stage == "extract" and redo):
                 log.info("%s: completed meanwhile in %s, skipped", stage, run.root)
                 reports.append(StageReport(stage, 0.0, True, done))
                 continue
