@@ -74,9 +74,10 @@ def test_demo_training_loss_decreases(demo_run):
 
 
 def test_a_damaged_sample_is_named_before_training_then_extracted_again(demo_run, tmp_path):
-    """The demo's run with data_3.pt cut in half: train refuses naming it; `extract` sets it aside
-    and extracts exactly that sample again: the same tokens, the same states within float32's
-    bound on the trained verifier (alone, not in its first batch: not bit for bit)."""
+    """The demo's run, its draft not trained yet, with data_3.pt cut in half: train refuses
+    naming it; `run` sets it aside and extracts exactly that sample again (then trains): the same
+    tokens, the same states within float32's bound on the trained verifier (alone, not in its
+    first batch: not bit for bit)."""
     import shutil
 
     from speculators_compat.oracle.reference import relative_error, tolerance
@@ -84,6 +85,8 @@ def test_a_damaged_sample_is_named_before_training_then_extracted_again(demo_run
     run, _ = demo_run
     copy = RunFolder(tmp_path / "run")
     shutil.copytree(run.root, copy.root, ignore=shutil.ignore_patterns("checkpoints", "train_metrics.jsonl"))
+    with copy.update() as state:
+        state["stages"].pop("train")
     victim = copy.hidden_states / "data_3.pt"
     original = torch.load(victim)
     size = victim.stat().st_size
@@ -93,8 +96,10 @@ def test_a_damaged_sample_is_named_before_training_then_extracted_again(demo_run
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert f"data_3.pt: {size // 2} bytes, extraction wrote {size}" in refused.stderr
     assert "Traceback" not in refused.stderr
-    again = cli("extract", "--out", copy.root, "--quiet")
+    assert cli("verify", "--out", copy.root).returncode == 1
+    again = cli("run", "--out", copy.root, "--epochs", 1, "--lr", "1e-3", "--total-seq-len", 1024, "--quiet")
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "1 damaged since: extracting them again" in again.stderr
     assert "extracted_now=1" in again.stdout and "set aside as data_N.pt.damaged" in again.stderr
     assert (copy.hidden_states / "data_3.pt.damaged").stat().st_size == size // 2
     redone = torch.load(victim)
@@ -102,6 +107,7 @@ def test_a_damaged_sample_is_named_before_training_then_extracted_again(demo_run
     for a, b in zip(redone["hidden_states"], original["hidden_states"], strict=True):
         assert relative_error(a, b) <= tolerance("float32", sharp=True), relative_error(a, b)
     assert cli("verify", "--out", copy.root).returncode == 0
+    assert copy.done("train") is not None
 
 
 @pytest.mark.training
