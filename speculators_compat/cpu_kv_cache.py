@@ -23,6 +23,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import cpu_mla
+from .text_model import read_text_config
+
 log = logging.getLogger("speculators_compat")
 
 ENV = "VLLM_CPU_KVCACHE_SPACE"
@@ -43,8 +46,6 @@ def bytes_per_token(model: str | Path, use_mla: bool, dtype_bytes: int = 4, extr
     the latent (``kv_lora_rank + qk_rope_head_dim``) with MLA, keys and values otherwise.
     ``dtype_bytes``: 4 (float32, the most any CPU engine here uses) unless told;
     ``extra_layers``: layers of the same size sharing the cache (a draft's)."""
-    from .text_model import read_text_config
-
     text = read_text_config(model)
     layers = int(text["num_hidden_layers"])
     heads = int(text["num_attention_heads"])
@@ -80,7 +81,6 @@ def choose(
 
     if torch.cuda.is_available():
         return None
-    from . import cpu_mla
 
     mla = cpu_mla.choose(model)
     try:

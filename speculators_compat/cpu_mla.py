@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import text_model
+from .versions import installed_versions
 
 log = logging.getLogger("speculators_compat")
 
@@ -71,7 +72,6 @@ def choose(model: str | Path) -> MlaChoice | None:
     text = text_model.read_text_config(model)
     if text.get("kv_lora_rank") is None:
         return None
-    from .versions import installed_versions
 
     version = installed_versions().vllm
     backend = cpu_mla_backend()

@@ -15,6 +15,8 @@ applies them.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -22,12 +24,13 @@ import threading
 import traceback
 from dataclasses import dataclass
 
+import wrapt
 from packaging.specifiers import SpecifierSet
 
 from .releases import RELEASES, TESTED_TEXT
 from .shim import PLATFORMS, Shim, Undo
 from .shims import BY_NAME, SHIMS
-from .versions import in_range
+from .versions import in_range, installed_versions, vllm_is_cpu_build
 
 log = logging.getLogger("speculators_compat")
 
@@ -81,8 +84,6 @@ def _platform_matches(shim: Shim) -> bool:
     if shim.platform is None:
         return True
     if shim.platform == "vllm-cpu":
-        from .versions import vllm_is_cpu_build
-
         return vllm_is_cpu_build()
     import torch
 
@@ -93,8 +94,6 @@ def _check_versions() -> str:
     """'' when speculators and vLLM are in the supported ranges, else the reason."""
     global _version_gate
     if _version_gate is None:
-        from .versions import installed_versions
-
         v = installed_versions()
         problems = []
         if v.speculators is not None and not in_range(v.speculators, SUPPORTED_SPECULATORS):
@@ -128,7 +127,6 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
             return _set(shim, "not needed", f"applies to {PLATFORMS[shim.platform]} only")
         if absent:
             return _set(shim, "not needed", absent)
-        from .versions import installed_versions
 
         version = installed_versions().vllm
         untested = (
@@ -147,7 +145,6 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
         if shim.requires:
             # Import what the required shims hook on, so that they are applied (and reported)
             # in this process too, before this one builds on them.
-            import importlib
 
             for name in shim.requires:
                 importlib.import_module(BY_NAME[name].hook_module)
@@ -176,8 +173,6 @@ def activate() -> None:
         for shim in SHIMS:
             _status.setdefault(shim.name, Status(shim, "pending", f"waiting for {shim.hook_module}"))
         if not _hooks_registered:
-            import wrapt
-
             _hooks_registered = True
             for shim in SHIMS:
                 wrapt.register_post_import_hook(lambda _mod, s=shim: _apply(s), shim.hook_module)
@@ -203,8 +198,6 @@ def deactivate() -> None:
 
 def apply_now() -> list[Status]:
     """Import every hooked module (importing vLLM and speculators) so that all shims resolve."""
-    import importlib
-
     activate()
     for shim in SHIMS:
         try:
@@ -233,8 +226,6 @@ def _absent_reason(hook_module: str, exc: ModuleNotFoundError) -> str:
     """Why a shim's hook module cannot be imported, where that means the shim has nothing to
     patch: the module is gone from this release, or the package it needs (vLLM, on a machine
     that only trains) is not installed. Anything else is a real error and is raised."""
-    import importlib.util
-
     top = (exc.name or "").split(".")[0]
     try:
         installed = bool(top) and importlib.util.find_spec(top) is not None

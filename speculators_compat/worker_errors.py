@@ -14,6 +14,7 @@ import importlib
 import re
 import signal
 import traceback
+from multiprocessing.connection import wait
 
 MARKER = "[speculators_compat worker error]"
 _PARSE = re.compile(
@@ -103,8 +104,6 @@ def worker_died(handles, doing: str) -> WorkerDied | None:
     """A :class:`WorkerDied` naming every process among vLLM's worker ``handles`` (objects with
     ``.proc`` and ``.rank``) that has ended, or None if all are alive. ``doing``: what the caller
     was waiting for ("to start", "during generate()")."""
-    from multiprocessing.connection import wait
-
     procs = [(getattr(h, "rank", "?"), h.proc) for h in handles if getattr(h, "proc", None) is not None]
     # a worker whose pipe just closed may not have ended yet: give it a moment (not per worker)
     wait([proc.sentinel for _, proc in procs], timeout=1.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "speculators_compat"
@@ -202,3 +203,121 @@ def test_importing_any_module_activates_nothing_beyond_the_package():
     assert on["after_package"]["applied"], "activation applied nothing: the comparison would prove nothing"
     assert on["applied"] == on["after_package"]["applied"]
     assert (on["hooks"], on["env"]) == ([], [])
+
+
+#: What ``import speculators_compat`` and the CLI's start may load besides the standard library:
+#: the light dependencies in pyproject.toml. Everything else (torch, vLLM, speculators,
+#: transformers, datasets, ...) is imported inside the functions that use it, so that importing
+#: the package, or ``speculators-compat --help``, costs no torch start-up.
+LIGHT = frozenset({"packaging", "click", "wrapt", "filelock"})
+HEAVY = ("torch", "vllm", "speculators", "transformers", "numpy", "safetensors", "datasets", "tokenizers")
+
+
+def _is_light_third_party(module: str) -> bool:
+    root = module.split(".")[0]
+    return root in sys.stdlib_module_names or root in LIGHT
+
+
+def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.ImportFrom) and node.level:
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+        return [target] + [f"{target}.{a.name}" for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return [node.module or ""]
+    return [a.name for a in node.names]
+
+
+def heavy_modules(modules: dict[str, Path]) -> set[str]:
+    """The package's modules whose own top-level imports reach a module that is not light."""
+    top: dict[str, set[str]] = {}
+    heavy = set()
+    for name, path in modules.items():
+        top[name] = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _targets(name, path, node):
+                    if target in modules:
+                        top[name].add(target)
+                    elif not target.startswith("speculators_compat") and not _is_light_third_party(target):
+                        heavy.add(name)
+    changed = True
+    while changed:
+        changed = False
+        for name, targets in top.items():
+            if name not in heavy and targets & heavy:
+                heavy.add(name)
+                changed = True
+    return heavy
+
+
+def misplaced_function_imports(modules: dict[str, Path]) -> list[str]:
+    """Imports inside functions that keep nothing light: of the standard library, of a light
+    dependency, or of a module of the package that is itself light. A deferred import of a light
+    module says why on its line (``# deferred: ...``, e.g. the package's ``__init__`` imports the
+    module that needs it)."""
+    heavy = heavy_modules(modules)
+    found = set()
+    for name, path in modules.items():
+        source = path.read_text()
+        lines = source.splitlines()
+        for function in ast.walk(ast.parse(source)):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                if "# deferred:" in lines[node.lineno - 1]:
+                    continue
+                targets = _targets(name, path, node)
+                own = [t for t in targets if t in modules]
+                if targets[0].startswith("speculators_compat") or own:
+                    light = not any(t in heavy for t in own)
+                else:
+                    light = _is_light_third_party(targets[0])
+                if light:
+                    found.add(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(found)
+
+
+def test_the_checker_finds_a_function_import_that_defers_nothing(tmp_path):
+    package = tmp_path / "speculators_compat"
+    package.mkdir()
+    (package / "light.py").write_text("import json\n")
+    (package / "heavy.py").write_text("import torch\n")
+    (package / "user.py").write_text(
+        "def f():\n    import os\n    from . import light\n    from . import heavy\n    import torch\n"
+        "    from .light import x  # deferred: a reason\n"
+    )
+    modules = {f"speculators_compat.{p.stem}": p for p in package.glob("*.py")}
+    assert heavy_modules(modules) == {"speculators_compat.heavy"}
+    assert misplaced_function_imports(modules) == [
+        "speculators_compat.user:2: import os",
+        "speculators_compat.user:3: from . import light",
+    ]
+
+
+def test_function_level_imports_only_defer_heavy_modules():
+    modules = _modules()
+    assert "speculators_compat.oracle.reference" in heavy_modules(modules)
+    assert "speculators_compat.registry" not in heavy_modules(modules)
+    assert misplaced_function_imports(modules) == []
+
+
+def test_importing_the_package_and_the_cli_loads_no_heavy_module():
+    """In a fresh interpreter (not the suite's fork server, which holds torch already; and without
+    ``SPECULATORS_COMPAT_ACTIVE``, with which vLLM's plugin hook loads the generator)."""
+    import os
+
+    from speculators_compat.registry import ACTIVE_ENV
+    from tests.helpers import fresh
+
+    code = "import sys, speculators_compat, speculators_compat.cli\n"
+    code += f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    env = {k: v for k, v in os.environ.items() if k != ACTIVE_ENV}
+    proc = fresh(["-c", code], env=env, fork=False)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "[]"), proc.stderr[-2000:]
+    # the check can fail: the same interpreter, told to load torch, reports it
+    proc = fresh(["-c", "import torch\n" + code], env=env, fork=False)
+    assert "torch" in proc.stdout

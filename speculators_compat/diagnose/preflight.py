@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..pipeline.errors import PipelineError
+from ..pipeline.layout import RunFolder
+from ..pipeline.runner import claim, run_stages
+from ..pipeline.spec import RunOptions, RunRequest, TrainOptions
+from ..registry import applied
 from ..text_model import ignored_rope_interleave, is_wrapper, text_config
+from ..tiny import build_recipe, chat_dataset_path, load_recipe
 
 log = logging.getLogger("speculators_compat.diagnose.preflight")
 
@@ -78,8 +83,6 @@ class Shrunk:
 
 def shrink(config: dict, source: str = "config.json") -> Shrunk:
     """The tiny-builder recipe for ``config`` (a real ``config.json`` as a dict)."""
-    from ..tiny import load_recipe
-
     architectures = config.get("architectures") or []
     if not architectures:
         raise PipelineError(f"{source} has no 'architectures': preflight needs the model class to build.")
@@ -168,12 +171,6 @@ class Report:
 
 def run_preflight(config_path: str | Path, *, out: Path | None = None, samples: int = 4) -> Report:
     """Build the shrunken model and run prepare, extract, vocab and one training step."""
-    from ..pipeline.layout import RunFolder
-    from ..pipeline.runner import claim, run_stages
-    from ..pipeline.spec import RunOptions, RunRequest, TrainOptions
-    from ..registry import applied
-    from ..tiny import build_recipe, chat_dataset_path
-
     path = Path(config_path).expanduser()
     try:
         config = json.loads(path.read_text())

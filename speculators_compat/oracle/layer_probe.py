@@ -10,6 +10,7 @@ truth the shims are later compared with.
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import torch
 
 from .. import cpu_mla
 from ..capture import CaptureState
+from ..settings import MODALITIES
+from ..shims.cpu_attention_block_size import cpu_block_size
 from .reference import is_multimodal_wrapper
 
 __all__ = ["VllmLayerProbe", "cpu_engine_env"]
@@ -42,8 +45,6 @@ class VllmLayerProbe:
             raise RuntimeError("VllmLayerProbe needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (in-process engine)")
         from vllm import LLM
 
-        from ..shims.cpu_attention_block_size import cpu_block_size
-
         kwargs = dict(
             model=str(model_dir),
             dtype=dtype,
@@ -60,7 +61,6 @@ class VllmLayerProbe:
         )
         if is_multimodal_wrapper(model_dir):
             # text only: every media input limited to 0, so vLLM skips the vision tower
-            from ..settings import MODALITIES
 
             kwargs["limit_mm_per_prompt"] = {m: 0 for m in MODALITIES}
         mla = cpu_mla.apply(cpu_mla.choose(model_dir))
@@ -96,8 +96,6 @@ class VllmLayerProbe:
         """Shut the engine down and reset vLLM's process-wide parallel state, so that the next
         engine in this process starts clean (an MoE model after a dense one needs its
         expert-parallel group created anew)."""
-        import gc
-
         from vllm.distributed.parallel_state import (
             destroy_distributed_environment,
             destroy_model_parallel,

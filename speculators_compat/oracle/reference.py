@@ -12,6 +12,7 @@ stripped into the transformers class of ``text_config``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import tempfile
 from pathlib import Path
@@ -39,8 +40,6 @@ SHARP_TOLERANCE = 1e-4
 
 def _ipex_installed() -> bool:
     """vLLM's CPU build runs its kernels through intel_extension_for_pytorch (0.11 depends on it)."""
-    import importlib.util
-
     return importlib.util.find_spec("intel_extension_for_pytorch") is not None
 
 

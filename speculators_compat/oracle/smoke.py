@@ -7,14 +7,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ..cpu_alias import ensure_vllm_cpu_alias
+from ..registry import applied
+from ..settings import extraction_dtype
+from ..tiny import build, sample_token_ids
+from ..versions import installed_versions
+
 
 def smoke(
     recipe: str, dtype: str, samples: int, generator: bool, echo: Callable[[str], object] = print
 ) -> bool:
     """Run the check, reporting each line through ``echo``; True when every state is within the
     dtype's tolerance of the reference."""
-    from ..cpu_alias import ensure_vllm_cpu_alias
-    from ..tiny import build, sample_token_ids
     from .reference import TOLERANCE, ReferenceModel, relative_error
 
     ensure_vllm_cpu_alias()
@@ -22,7 +26,6 @@ def smoke(
     path = build(recipe, dtype)  # ValueError: an unknown recipe or dtype
     echo(f"fixture    {recipe} ({dtype}) at {path}  [{time.perf_counter() - t0:.1f}s]")
 
-    from ..versions import installed_versions
     from .layer_probe import VllmLayerProbe
 
     t0 = time.perf_counter()
@@ -47,9 +50,6 @@ def smoke(
 
     if generator:
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
-
-        from ..registry import applied
-        from ..settings import extraction_dtype
 
         layer_ids = list(range(reference.num_layers))
         t0 = time.perf_counter()

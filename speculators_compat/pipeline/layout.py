@@ -31,6 +31,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from filelock import FileLock
+
 from .atomic import write_json
 from .errors import PipelineError
 from .samples import damage, existing_samples
@@ -109,8 +111,6 @@ class RunFolder:
     def lock(self) -> Iterator[None]:
         """No other process of this run (another shard, on this machine or another) changes the
         folder's records (``run.json``, ``hidden_states/extraction.json``) inside the block."""
-        from filelock import FileLock
-
         self.root.mkdir(parents=True, exist_ok=True)
         with FileLock(self.lock_file):
             yield

@@ -4,6 +4,8 @@ without loading weights or remote code."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,9 +93,6 @@ def check_seq_length(info: ModelInfo, seq_length: int) -> None:
     scaling, ``model_max_length``); without this the run prepares the data, then dies in vLLM
     with a pydantic ``ValidationError``. Other errors of that config are left to the stage that
     needs it, which reports them."""
-    import logging
-    import re
-
     try:
         from vllm.config import ModelConfig
     except ImportError:

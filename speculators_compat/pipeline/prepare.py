@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,7 @@ from .atomic import write_dir, write_file
 from .errors import PipelineError
 from .layout import RunFolder
 from .model_info import ModelInfo
+from .regenerate import as_columns, regenerate, write_jsonl
 from .spec import RunSpec
 
 log = logging.getLogger("speculators_compat.pipeline")
@@ -29,7 +31,6 @@ def first_bad_line(path: Path) -> str | None:
     """Where a .json/.jsonl file stops being what ``datasets`` reads: "line N (1-based), column C:
     what is wrong, and the line's start"; None if every line parses. Read only after ``datasets``
     failed (its own error names no line: "row 4" in a log line at most)."""
-    import json
 
     def shown(line: str) -> str:
         line = line.rstrip("\n")
@@ -124,8 +125,6 @@ def prepare(run: RunFolder, spec: RunSpec, info: ModelInfo, *, num_proc: int = 1
         tokenizer.pad_token = tokenizer.eos_token
     regenerated = None
     if regenerate_max_tokens:
-        from .regenerate import as_columns, regenerate, write_jsonl
-
         result = regenerate(
             [row["conversations"] for row in raw],
             model=model,

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import PipelineError
+from .model_info import inspect_model
+from .serve import run_engine, text_only_limits
 
 log = logging.getLogger("speculators_compat.pipeline")
 
@@ -41,9 +43,6 @@ def regenerate(
     # speculators' own turn normalisation (from/value or role/content, human/gpt roles), so the
     # prompts are the conversations its preprocessing would format.
     from speculators.data_generation.preprocessing import _normalize_conversation
-
-    from .model_info import inspect_model
-    from .serve import run_engine, text_only_limits
 
     chats = [_normalize_conversation(c) for c in conversations]
     if not any(m["role"] == "assistant" for c in chats for m in c):

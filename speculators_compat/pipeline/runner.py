@@ -6,9 +6,16 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ..registry import TESTED_VLLM_TEXT, applied, apply_now, failed, failure_report, is_tested
+from ..versions import installed_versions
+from .errors import PipelineError
+from .extract import extract
 from .layout import STAGES, RunFolder
 from .model_info import check_seq_length, inspect_model
+from .prepare import prepare
 from .spec import RunOptions, RunRequest, RunSpec
+from .train import train
+from .vocab import build_vocab
 
 log = logging.getLogger("speculators_compat.pipeline")
 
@@ -22,9 +29,6 @@ class StageReport:
 
 
 def environment_line(with_shims: bool = True) -> str:
-    from ..registry import applied
-    from ..versions import installed_versions
-
     line = installed_versions().line()
     if with_shims:
         line += f"; shims applied so far: {', '.join(applied()) or 'none yet (they apply as modules load)'}"
@@ -33,9 +37,6 @@ def environment_line(with_shims: bool = True) -> str:
 
 def warn_if_untested() -> str | None:
     """A vLLM outside the tested range: say so (the shims' probes still decide)."""
-    from ..registry import TESTED_VLLM_TEXT, is_tested
-    from ..versions import installed_versions
-
     version = installed_versions().vllm
     if version is None or is_tested(version):
         return None
@@ -59,9 +60,6 @@ def _stop_on_failed_shims() -> None:
     """Every shim resolved now (their modules imported), before any stage runs: one that failed
     leaves its drift unfixed, and for most that is silently wrong data (attribution, dtype,
     capture, the CPU kernels, training targets), so the run stops."""
-    from ..registry import apply_now, failed, failure_report
-    from .errors import PipelineError
-
     apply_now()
     failures = failed()
     if failures:
@@ -90,12 +88,6 @@ def run_stages(
 ) -> list[StageReport]:
     """Run ``stages`` of the run ``run`` holds, in order; a stage already complete in this folder
     is skipped unless ``force`` (extraction still only computes the samples that are missing)."""
-    from .errors import PipelineError
-    from .extract import extract
-    from .prepare import prepare
-    from .train import train
-    from .vocab import build_vocab
-
     spec = run.spec()
     warn_if_untested()
     info = inspect_model(spec.model)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import re
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .atomic import write_file
@@ -105,8 +107,6 @@ def damage(path: Path, recorded: int | None) -> str | None:
     """What is wrong with the sample file ``path`` (None: nothing found), cheaply: its size
     against the ``recorded`` one (what extraction wrote), and whether it is a whole torch file
     (``torch.save`` writes a zip archive; a cut one has no central directory at its end)."""
-    import zipfile
-
     size = path.stat().st_size
     if recorded is not None and size != recorded:
         return f"{size} bytes, extraction wrote {recorded}"
@@ -128,8 +128,6 @@ class BatchWriter:
     """
 
     def __init__(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-writer")
         self._pending = None
 

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,8 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import cpu_kv_cache, cpu_mla
+from ..registry import ACTIVE_ENV, DISABLE_ENV, left_out
+from ..settings import MODALITIES
+from ..shims import SHIMS
+from ..versions import in_range, installed_versions
 from .errors import PipelineError
 from .layout import RunFolder
+from .model_info import inspect_model
+from .samples import uncovered_rows
 
 log = logging.getLogger("speculators_compat.pipeline")
 
@@ -79,8 +86,6 @@ def cpu_spec_decode_unsupported() -> str | None:
     """Why the installed vLLM cannot serve an EAGLE-3 draft on this machine, or None if it can."""
     import torch
 
-    from ..versions import in_range, installed_versions
-
     version = installed_versions().vllm
     if version is None:
         return "vLLM is not installed"
@@ -105,8 +110,6 @@ def latest_checkpoint(run: RunFolder) -> Path:
 def draft_with_aux_ids(draft: Path, folder: Path, ids: list[int] | None | str) -> Path:
     """A copy of ``draft`` in ``folder`` whose ``eagle_aux_hidden_state_layer_ids`` are ``ids``
     (``"missing"``: the field removed): to measure, or refuse, a draft configured wrongly."""
-    import shutil
-
     shutil.copytree(draft, folder)
     config = json.loads((folder / "config.json").read_text())
     if ids == "missing":
@@ -162,8 +165,6 @@ def expected_acceptance(
     import numpy as np
     import torch
     from speculators.models.eagle3 import Eagle3DraftModel
-
-    from .samples import uncovered_rows
 
     d2t = torch.from_numpy(np.load(run.vocab / "d2t.npy"))
     t2d = torch.from_numpy(np.load(run.vocab / "t2d.npy"))
@@ -362,18 +363,12 @@ def serving_shims() -> list[str]:
     """The shims the serving engines keep: those fixing bugs of vLLM's own engine on this
     platform (e.g. vLLM 0.20-0.24's CPU float32 MoE), nothing on speculators' path, less those
     the user leaves out (``SPECULATORS_COMPAT_DISABLE``, as everywhere else)."""
-    from ..registry import left_out
-    from ..shims import SHIMS
-
     return [s.name for s in SHIMS if s.serving and not left_out(s.name)]
 
 
 def run_engine(request: dict) -> dict:
     """One engine in a child process (the script never imports speculators_compat); vLLM's
     plugin activates only :func:`serving_shims` in the engine's processes."""
-    from ..registry import ACTIVE_ENV, DISABLE_ENV
-    from ..shims import SHIMS
-
     keep = set(serving_shims())
     mla = cpu_mla.apply(cpu_mla.choose(request["verifier"]))
     if mla is not None and mla.use_mla and mla.backend:
@@ -451,7 +446,6 @@ def serve_check(
         # Real serving stops at the end of the answer (the verifier's end-of-turn token).
         "stop_at_eos": True,
     }
-    from .model_info import inspect_model
 
     if inspect_model(run_spec.model).wrapper:
         # Text-only serving of a multimodal wrapper (Kimi-K2.5): no image inputs.
@@ -502,6 +496,4 @@ def serve_check(
 
 def text_only_limits() -> dict[str, int]:
     """``limit_mm_per_prompt`` for a multimodal wrapper served text-only (Kimi-K2.5)."""
-    from ..settings import MODALITIES
-
     return {m: 0 for m in MODALITIES}

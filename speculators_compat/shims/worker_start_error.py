@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from ..shim import Shim, replace_attr, undo_all
+from ..worker_errors import describe, from_text, worker_died
 from ._targets import raising_instead
 
 NAME = "worker_start_error"
@@ -51,8 +52,6 @@ def _folder() -> Path:
 
 def _reported(folder: Path, pids: set[int]) -> Exception | None:
     """The first report of a worker among ``pids``, as the worker's exception."""
-    from ..worker_errors import from_text
-
     for report in sorted(folder.glob("*.txt")):
         if int(report.stem.rpartition("-")[2]) not in pids:
             continue  # another executor's worker
@@ -73,8 +72,6 @@ def _reporting(name: str, original):
                 return original(self, *args, **kwargs)
             return getattr(self.worker, name)(*args, **kwargs)
         except Exception as exc:
-            from ..worker_errors import describe
-
             rank, pid = getattr(self, "rpc_rank", "?"), os.getpid()
             folder = os.environ.get(ENV)
             if folder and Path(folder).is_dir():
@@ -95,8 +92,6 @@ def patch():
     original_wait = inspect.getattr_static(WorkerProc, "wait_for_ready").__func__
 
     def reported(exc, unready_proc_handles, *_):
-        from ..worker_errors import worker_died
-
         pids = {h.proc.pid for h in unready_proc_handles if getattr(h, "proc", None) is not None}
         return _reported(_folder(), pids) or worker_died(unready_proc_handles, "while starting")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 from .parts import make_tokenizer, model_config, save_generation_config
@@ -114,8 +115,6 @@ def _make_tokenizer_remote_code(out: Path) -> None:
 
 
 def build_kimi_k25(recipe: dict, base: dict, dtype: str, out: Path) -> None:
-    import tempfile
-
     import torch
     from safetensors.torch import load_file, save_file
 

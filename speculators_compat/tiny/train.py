@@ -23,12 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
+import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from . import tasks
-from .parts import ROLES, random_model
+from .parts import ROLES, make_tokenizer, model_config, random_model
 
 #: What a trained fixture's folder says about its training (:func:`train`'s facts).
 TRAINING_FILE = "training.json"
@@ -47,7 +49,7 @@ def model_of(recipe: dict, config, tokenizer, out: Path):
 def weights_path(name: str) -> Path:
     """Where a trained recipe's committed weights are: ``fixtures/weights/<name>.safetensors``,
     beside ``<name>.json`` (:func:`train`'s facts and the tokenizer they index)."""
-    from . import fixtures_dir
+    from . import fixtures_dir  # deferred: the package's __init__ imports this module
 
     return fixtures_dir() / "weights" / f"{name}.safetensors"
 
@@ -63,9 +65,6 @@ def load_trained(config, tokenizer, name: str):
     takes about 2 minutes on 2 cores, so the weights it made are committed and only loaded here;
     ``speculators-compat fixtures train NAME`` makes them again (tests/test_fixtures.py checks
     that doing so reaches the committed figures)."""
-    import shutil
-    import tempfile
-
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -184,8 +183,7 @@ def metrics(model, tokenizer, training: list[list[int]], held: list[tuple[list[i
 def make_trained(name: str, out_dir: Path | None = None) -> tuple[Path, dict]:
     """Train recipe ``name`` from its ``train`` section and write its weights (float32) and facts
     to ``out_dir`` (default: where :func:`load_trained` reads them)."""
-    from . import load_recipe
-    from .parts import make_tokenizer, model_config
+    from . import load_recipe  # deferred: the package's __init__ imports this module
 
     recipe = load_recipe(name)
     if "train" not in recipe:
@@ -197,8 +195,6 @@ def make_trained(name: str, out_dir: Path | None = None) -> tuple[Path, dict]:
     facts = train(model, tokenizer, recipe["train"])
     path = Path(out_dir) / f"{name}.safetensors" if out_dir else weights_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    import shutil
-    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, safe_serialization=True)  # the checkpoint layout
