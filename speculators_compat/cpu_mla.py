@@ -27,8 +27,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import text_model
-from .versions import installed_versions
+from . import text_model, versions
 
 log = logging.getLogger("speculators_compat")
 
@@ -73,7 +72,7 @@ def choose(model: str | Path) -> MlaChoice | None:
     if text.get("kv_lora_rank") is None:
         return None
 
-    version = installed_versions().vllm
+    version = versions.installed_versions().vllm
     backend = cpu_mla_backend()
     if backend is None:
         return MlaChoice(

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import wrapt
 from packaging.specifiers import SpecifierSet
 
+from . import versions
 from .releases import RELEASES, TESTED_TEXT
 from .shim import PLATFORMS, Shim, Undo
 from .shims import BY_NAME, SHIMS
-from .versions import in_range, installed_versions, vllm_is_cpu_build
+from .versions import in_range, vllm_is_cpu_build
 
 log = logging.getLogger("speculators_compat")
 
@@ -94,7 +95,7 @@ def _check_versions() -> str:
     """'' when speculators and vLLM are in the supported ranges, else the reason."""
     global _version_gate
     if _version_gate is None:
-        v = installed_versions()
+        v = versions.installed_versions()
         problems = []
         if v.speculators is not None and not in_range(v.speculators, SUPPORTED_SPECULATORS):
             problems.append(f"speculators {v.speculators} (supported: {SUPPORTED_SPECULATORS})")
@@ -128,7 +129,7 @@ def _apply(shim: Shim, absent: str | None = None) -> Status:
         if absent:
             return _set(shim, "not needed", absent)
 
-        version = installed_versions().vllm
+        version = versions.installed_versions().vllm
         untested = (
             ""
             if version is None or is_tested(version)

@@ -78,3 +78,35 @@ def assert_served_states_equal_training_states(run) -> None:
             shifted_best = min(shifted_best, relative_error(state, entering[layer - 1]))
     assert worst <= bound, worst
     assert shifted_best > 10 * bound, shifted_best
+
+
+def extracted_by_hand(model, out, samples: int):
+    """A prepared run whose sample files are written as extraction writes them (random states of
+    the right shapes, their sizes recorded, ``data_config.json``), without vLLM: what vocab, train
+    and verify read."""
+    import datasets
+
+    from speculators_compat.pipeline.extract import write_data_config
+    from speculators_compat.pipeline.layout import RunFolder
+    from speculators_compat.pipeline.model_info import inspect_model
+    from speculators_compat.pipeline.samples import write_batch
+    from speculators_compat.pipeline.shards import record_sizes
+
+    proc = prepare(model, out, "--max-samples", samples, "--seq-length", 64)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = RunFolder(out)
+    rows = list(datasets.load_from_disk(str(run.prepared)).with_format(None))
+    info = inspect_model(model)
+    layer_ids = info.default_layer_ids()
+    results = [
+        {
+            "input_ids": row["input_ids"],
+            "hidden_states": [torch.randn(len(row["input_ids"]), info.hidden_size) for _ in layer_ids],
+        }
+        for row in rows
+    ]
+    run.hidden_states.mkdir()
+    write_batch(run.hidden_states, list(range(len(rows))), rows, results, lambda s: record_sizes(run, s))
+    write_data_config(run, run.spec(), info, layer_ids, len(rows), 1, "float32")
+    run.mark_done("extract", samples=len(rows))
+    return run

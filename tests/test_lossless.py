@@ -45,8 +45,9 @@ def test_an_output_that_stops_early_is_a_violation():
 def test_the_tolerance_is_the_dtype_state_bound_on_both_logits_at_the_logits_scale(dtype):
     assert tie_tolerance(dtype, 10.0) == pytest.approx(2 * tolerance(dtype, sharp=True) * 10.0)
     assert tie_tolerance(dtype, 20.0) == pytest.approx(2 * tie_tolerance(dtype, 10.0))
-    # a bfloat16 verifier's ties are wider than a float32 one's
-    assert tie_tolerance("bfloat16", 10.0) > 100 * tie_tolerance("float32", 10.0)
+    # a bfloat16 verifier's ties are wider than a float32 one's: 500 times where vLLM's float32
+    # kernels are exact (SHARP_TOLERANCE), 10 times with IPEX's (0.11: TOLERANCE["float32"])
+    assert tie_tolerance("bfloat16", 10.0) >= 10 * tie_tolerance("float32", 10.0)
 
 
 def test_a_divergence_round_trips_through_the_report():

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from speculators_compat.tiny import build, chat_dataset_path
-from tests.pipeline_helpers import ROOT, cli, prepare
+from tests.pipeline_helpers import ROOT, cli, extracted_by_hand, prepare
 
 # The CLI's handling of bad input starts no vLLM engine: tox runs it once per torch release.
 pytestmark = pytest.mark.cli_input
@@ -152,33 +152,10 @@ def test_the_dtype_is_the_runs_once_extraction_starts(tmp_path, model):
     assert other.spec().dtype == "auto"
 
 
-def _extracted_by_hand(model, out, samples: int):
-    """A prepared run whose sample files are written as extraction writes them (random states of
-    the right shapes, their sizes recorded), without vLLM: what vocab, train and verify read."""
-    import datasets
-    import torch
-
-    from speculators_compat.pipeline.layout import RunFolder
-    from speculators_compat.pipeline.samples import write_batch
-    from speculators_compat.pipeline.shards import record_sizes
-
-    assert _small_run(model, out, samples).returncode == 0
-    run = RunFolder(out)
-    rows = list(datasets.load_from_disk(str(run.prepared)).with_format(None))
-    results = [
-        {"input_ids": row["input_ids"], "hidden_states": [torch.randn(len(row["input_ids"]), 64)] * 4}
-        for row in rows
-    ]
-    run.hidden_states.mkdir()
-    write_batch(run.hidden_states, list(range(len(rows))), rows, results, lambda s: record_sizes(run, s))
-    run.mark_done("extract", samples=len(rows))
-    return run
-
-
 def test_a_damaged_sample_file_is_named_before_any_stage_reads_it(tmp_path, model):
     """A data_N.pt cut short (a copy interrupted, a flaky disk): vocab and train refuse before
     reading it, naming the file, its size and what extraction wrote; `verify` says the same."""
-    run = _extracted_by_hand(model, tmp_path / "r", 3)
+    run = extracted_by_hand(model, tmp_path / "r", 3)
     victim = run.hidden_states / "data_1.pt"
     size = victim.stat().st_size
     with victim.open("r+b") as f:

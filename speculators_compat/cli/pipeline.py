@@ -26,7 +26,7 @@ from ..pipeline.serve import (
     latest_checkpoint,
     serve_check,
 )
-from ..pipeline.spec import IDENTITY, PRECISIONS, RunOptions, RunRequest, Shard, TrainOptions
+from ..pipeline.spec import IDENTITY, METRIC_LOGGERS, PRECISIONS, RunOptions, RunRequest, Shard, TrainOptions
 from ..registry import applied
 from .common import guard, quiet_logging
 
@@ -223,6 +223,15 @@ def _common(stages: tuple[str, ...]):
                     help="What the draft's float32 matmuls run in: fp32 (speculators as it ships) or "
                     "tf32 (a CUDA GPU's tensor cores). Default: tf32 on a CUDA GPU, fp32 on a CPU.",
                 ),
+                click.option(
+                    "--log-to",
+                    callback=_log_to,
+                    default="",
+                    metavar="LOGGERS",
+                    help=f"Also send the training metrics to speculators' loggers, comma-separated: "
+                    f"{', '.join(METRIC_LOGGERS)} (each needs its package: the extra of the same "
+                    "name). Files go to RUN/logs/; train_metrics.jsonl is written either way.",
+                ),
             ]
         for opt in reversed(opts):
             f = opt(f)
@@ -231,15 +240,18 @@ def _common(stages: tuple[str, ...]):
     return decorate
 
 
+def _log_to(_ctx, _param, value: str) -> tuple[str, ...]:
+    """``--log-to tensorboard,wandb`` -> the logger names, each known."""
+    names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    unknown = [n for n in names if n not in METRIC_LOGGERS]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(METRIC_LOGGERS)}")
+    return names
+
+
 def _request(kw: dict, quiet: bool) -> RunRequest:
     """A stage command's options: the run's identity values it gives, and its knobs."""
-    train = TrainOptions(
-        **{
-            k: kw[k]
-            for k in ("epochs", "lr", "num_layers", "ttt_steps", "total_seq_len", "num_workers", "precision")
-            if k in kw
-        }
-    )
+    train = TrainOptions(**{f.name: kw[f.name] for f in dataclasses.fields(TrainOptions) if f.name in kw})
     knobs = {k: kw[k] for k in ("batch_size", "tensor_parallel_size", "num_proc", "shard") if kw.get(k)}
     options = RunOptions(**knobs, progress=not quiet, train=train)
     return RunRequest.of(options, **{k: kw[k] for k in IDENTITY if k in kw})

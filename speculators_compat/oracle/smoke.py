@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from .. import versions
 from ..cpu_alias import ensure_vllm_cpu_alias
 from ..registry import applied
 from ..settings import extraction_dtype
 from ..tiny import build, sample_token_ids
-from ..versions import installed_versions
 
 
 def smoke(
@@ -30,7 +30,7 @@ def smoke(
 
     t0 = time.perf_counter()
     probe = VllmLayerProbe(path, dtype=dtype)
-    echo(f"vllm       {installed_versions().vllm} engine up  [{time.perf_counter() - t0:.1f}s]")
+    echo(f"vllm       {versions.installed_versions().vllm} engine up  [{time.perf_counter() - t0:.1f}s]")
     reference = ReferenceModel(path)
     sequences = sample_token_ids(path, samples)
     worst = 0.0

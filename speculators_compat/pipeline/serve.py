@@ -33,11 +33,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import cpu_kv_cache, cpu_mla
+from .. import cpu_kv_cache, cpu_mla, versions
 from ..registry import ACTIVE_ENV, DISABLE_ENV, left_out
 from ..settings import MODALITIES
 from ..shims import SHIMS
-from ..versions import in_range, installed_versions
+from ..versions import in_range
 from .errors import PipelineError
 from .layout import RunFolder
 from .model_info import inspect_model
@@ -86,7 +86,7 @@ def cpu_spec_decode_unsupported() -> str | None:
     """Why the installed vLLM cannot serve an EAGLE-3 draft on this machine, or None if it can."""
     import torch
 
-    version = installed_versions().vllm
+    version = versions.installed_versions().vllm
     if version is None:
         return "vLLM is not installed"
     if torch.cuda.is_available():

@@ -72,6 +72,10 @@ IDENTITY: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunSpec))
 #: fp32 on a CPU (TF32 is a GPU format). docs/performance.md has the measured speeds and losses.
 PRECISIONS = ("fp32", "tf32")
 
+#: speculators 0.3.0's metric loggers (``speculators.train.logger``), each with the package it
+#: needs (the extra of the same name installs it).
+METRIC_LOGGERS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
 
 @dataclass(frozen=True)
 class TrainOptions:
@@ -87,6 +91,8 @@ class TrainOptions:
     val_ratio: float = 0.9
     #: What the draft's float32 matmuls run in (:data:`PRECISIONS`); None: the device's default.
     precision: str | None = None
+    #: speculators' metric loggers the training metrics also go to (:data:`METRIC_LOGGERS`).
+    log_to: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

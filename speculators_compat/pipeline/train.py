@@ -8,6 +8,7 @@ FSDP2 ``fully_shard`` and its ``DistributedCheckpointer``). Checkpoints go to
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from .layout import RunFolder
 from .model_info import ModelInfo
 from .samples import sample_index
 from .serve import captured_layer_ids, vllm_aux_layer_ids
-from .spec import PRECISIONS, RunSpec, TrainOptions
+from .spec import METRIC_LOGGERS, PRECISIONS, RunSpec, TrainOptions
 
 log = logging.getLogger("speculators_compat.pipeline")
 
@@ -69,6 +70,51 @@ def matmul_precision(precision: str):
             torch.set_float32_matmul_precision(before)
 
     return context()
+
+
+def check_metric_loggers(names: tuple[str, ...]) -> None:
+    """Refuse ``--log-to`` loggers whose package is not installed, before any stage runs (not
+    when training starts, hours into a run)."""
+    unknown = [n for n in names if n not in METRIC_LOGGERS]
+    if unknown:
+        raise PipelineError(f"--log-to {','.join(unknown)}: choose from {', '.join(METRIC_LOGGERS)}.")
+    missing = [n for n in names if importlib.util.find_spec(METRIC_LOGGERS[n]) is None]
+    if missing:
+        packages = " ".join(METRIC_LOGGERS[n] for n in missing)
+        raise PipelineError(
+            f"--log-to {','.join(missing)}: the {packages} package is not installed here. Install it "
+            f"(pip install 'speculators-compat[{','.join(missing)}]') and run the command again, or "
+            f"leave --log-to out: train_metrics.jsonl records every step either way."
+        )
+
+
+@contextlib.contextmanager
+def metric_loggers(run: RunFolder, names: tuple[str, ...], rank: int):
+    """speculators 0.3.0's own metric handlers for ``names`` on its ``speculators.metrics``
+    logger while training runs, on rank 0 (the other ranks' metrics are reduced to it); removed
+    and closed (event files flushed) when it ends. Each logs under the run folder's name, files in
+    ``RUN/logs/`` (TensorBoard: ``RUN/logs/<run>/``). Set up here rather than with speculators'
+    ``setup_metric_logger``, whose ``logging.config.dictConfig`` closes every handler the process
+    has."""
+    if not names or rank != 0:
+        yield
+        return
+    from speculators.train.logger import IsMappingFilter, TensorBoardHandler, TrackioHandler, WandbHandler
+
+    kinds = {"tensorboard": TensorBoardHandler, "wandb": WandbHandler, "trackio": TrackioHandler}
+    metrics = logging.getLogger("speculators.metrics")
+    handlers = []
+    for name in names:
+        handler = kinds[name](run_name=run.root.name, log_dir=run.logs)
+        handler.addFilter(IsMappingFilter())
+        handlers.append(handler)
+        metrics.addHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            metrics.removeHandler(handler)
+            handler.close()
 
 
 @dataclass
@@ -339,7 +385,7 @@ def train(
     if rank == 0:
         metrics.addHandler(handler)
     try:
-        with draft_compile_limits(), matmul_precision(precision):
+        with draft_compile_limits(), matmul_precision(precision), metric_loggers(run, options.log_to, rank):
             trainer.run_training()
     except torch.OutOfMemoryError as exc:
         raise PipelineError(out_of_memory_advice(run, options.total_seq_len, exc)) from exc

@@ -65,6 +65,7 @@ def rewrite_call(attr: str, shim: str, rewrite: Callable[[tuple, dict], None]):
 
 DRAFT = "speculators.models.eagle3.core"
 CHECKPOINTER = "speculators.train.checkpointer"
+TRAINER = "speculators.train.trainer"
 TRAIN_UTILS = "speculators.train.utils"
 
 

@@ -20,10 +20,9 @@ import inspect
 import os
 
 from ..shim import Shim, replace_attr, undo_all
-from ._targets import TRAIN_UTILS, inherited, module
+from ._targets import TRAIN_UTILS, TRAINER, inherited, module
 
 NAME = "distributed_cpu"
-TRAINER = "speculators.train.trainer"
 
 
 def probe() -> bool:

@@ -19,10 +19,9 @@ from __future__ import annotations
 import inspect
 
 from ..shim import Shim, replace_attr
-from ._targets import module
+from ._targets import TRAINER, module
 
 NAME = "training_resume_lr"
-TRAINER = "speculators.train.trainer"
 
 
 def probe() -> bool:

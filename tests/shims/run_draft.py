@@ -6,7 +6,7 @@ Modes
 - kimi: build the draft on the Kimi-K2.5 wrapper; its embeddings vs the checkpoint's
 - step: one training step of speculators' Trainer on CPU
 - resume: train one epoch, then resume the same run for a second
-- resume_lr: the learning rates of a resumed epoch against the uninterrupted run's
+- resume_lr: the learning rates and metric steps of a resumed epoch against the uninterrupted run's
 - load: save the draft with speculators' checkpointer, load it with from_pretrained
 """
 
@@ -143,8 +143,15 @@ def resume_lr() -> dict:
     import shutil
 
     rates: list[tuple[int, float]] = []
+    steps: list[tuple[int, int]] = []  # (epoch, step) of every metric record: training and validation
+
+    def emit(record):
+        steps.append((record.msg["epoch"], record.step))
+        if "lr" in record.msg:
+            rates.append((record.msg["epoch"], record.msg["lr"]))
+
     handler = logging.Handler()
-    handler.emit = lambda r: rates.append((r.msg["epoch"], r.msg["lr"])) if "lr" in r.msg else None
+    handler.emit = emit
     metrics = logging.getLogger("speculators.metrics")
     metrics.setLevel(logging.INFO)
     metrics.addHandler(handler)
@@ -153,14 +160,22 @@ def resume_lr() -> dict:
         draft, _, info, _ = _draft("deepseek-v3-tiny")
         _trainer(draft, whole, 2, info).run_training()
         uninterrupted = [lr for epoch, lr in rates if epoch == 1]
+        uninterrupted_steps = [step for epoch, step in steps if epoch == 1]
         shutil.copytree(whole / "data", resumed / "data")
         shutil.copytree(whole / "ckpt" / "0", resumed / "ckpt" / "0")
         rates.clear()
+        steps.clear()
         draft, _, info, _ = _draft("deepseek-v3-tiny")
         trainer = _trainer(draft, resumed, 2, info)
         start = trainer.current_epoch
         trainer.run_training()
-    return {"resumed_at_epoch": start, "uninterrupted": uninterrupted, "resumed": [lr for _, lr in rates]}
+    return {
+        "resumed_at_epoch": start,
+        "uninterrupted": uninterrupted,
+        "resumed": [lr for _, lr in rates],
+        "uninterrupted_steps": uninterrupted_steps,
+        "resumed_steps": [step for _, step in steps],
+    }
 
 
 def load() -> dict:
