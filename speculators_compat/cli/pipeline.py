@@ -258,7 +258,6 @@ def _request(kw: dict, quiet: bool) -> RunRequest:
 
 
 def _summary(run: RunFolder, reports: list[StageReport], total: float) -> None:
-
     if os.environ.get("RANK", "0") != "0":
         return  # under torchrun, rank 0 reports
 
