@@ -57,10 +57,10 @@ def assert_served_states_equal_training_states(run) -> None:
     times the bound. (On the trained verifier the closest such pair measured 0.027; random
     weights' adjacent layers differ by 0.1-0.3.)"""
     from speculators_compat.oracle.reference import ReferenceModel, relative_error, tolerance
-    from speculators_compat.pipeline.serve import captured_layer_ids, latest_checkpoint
+    from speculators_compat.pipeline.serve import latest_checkpoint
     from speculators_compat.tiny import sharp_attention
 
-    captured = captured_layer_ids(run)
+    captured = run.captured_layer_ids()
     config = json.loads((latest_checkpoint(run) / "config.json").read_text())
     aux = config["eagle_aux_hidden_state_layer_ids"]
     assert aux == [k + 1 for k in captured[:-1]], (aux, captured)

@@ -19,7 +19,6 @@ import torch
 
 from speculators_compat.pipeline.layout import RunFolder
 from speculators_compat.pipeline.serve import (
-    captured_layer_ids,
     cpu_spec_decode_unsupported,
     draft_with_aux_ids,
     latest_checkpoint,
@@ -77,7 +76,7 @@ def test_demo_serves_its_draft_losslessly_and_reports_vllm_counters(served):
     assert report["drafts"] > 0 and report["draft_tokens"] == 3 * report["drafts"]
     assert len(report["accepted_per_position"]) == 3
     assert sum(report["accepted_per_position"]) == report["accepted_tokens"]
-    assert report["aux_layer_ids"] == [k + 1 for k in captured_layer_ids(run)[:-1]]
+    assert report["aux_layer_ids"] == [k + 1 for k in run.captured_layer_ids()[:-1]]
     for label in ("acceptance", "per position", "mean accepted length", "tokens/s", "lossless", "ablation"):
         assert label in stdout, label
 
@@ -130,7 +129,7 @@ def test_a_draft_with_aux_ids_shifted_back_by_one_is_served_losslessly(served, t
     are easy to predict from any of them; docs/pipeline.md says so. What holds: the wrong ids
     never do better than the right ones beyond the noise, and the demo prints the drop."""
     run, report, stdout = served
-    draft = draft_with_aux_ids(latest_checkpoint(run), tmp_path / "draft", captured_layer_ids(run)[:-1])
+    draft = draft_with_aux_ids(latest_checkpoint(run), tmp_path / "draft", run.captured_layer_ids()[:-1])
     shifted = serve_check(run, draft=draft, check_layer_ids=False)
     assert shifted.lossless
     assert shifted.aux_layer_ids == [k - 1 for k in report["aux_layer_ids"]]
@@ -191,7 +190,7 @@ def test_serve_check_refuses_a_draft_with_other_layer_ids(served, tmp_path):
     from speculators_compat.pipeline.errors import PipelineError
 
     run, _, _ = served
-    for i, value in enumerate(["missing", None, captured_layer_ids(run)[:-1]]):
+    for i, value in enumerate(["missing", None, run.captured_layer_ids()[:-1]]):
         draft = draft_with_aux_ids(latest_checkpoint(run), tmp_path / f"draft{i}", value)
         with pytest.raises(PipelineError, match="state entering layer k"):
             serve_check(run, draft=draft)

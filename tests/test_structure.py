@@ -321,3 +321,43 @@ def test_importing_the_package_and_the_cli_loads_no_heavy_module():
     # the check can fail: the same interpreter, told to load torch, reports it
     proc = fresh(["-c", "import torch\n" + code], env=env, fork=False)
     assert "torch" in proc.stdout
+
+
+#: The run's stages in the order ``run`` takes them (serve-check last), each with its modules. A
+#: stage reads what earlier stages wrote from the run folder (``pipeline/layout.py``), never
+#: through their code, so that following a run visits each stage's module once, in order.
+STAGE_MODULES = {
+    "prepare": ("prepare", "regenerate"),
+    "extract": ("extract",),
+    "vocab": ("vocab",),
+    "train": ("train",),
+    "serve-check": ("serve", "check"),
+}
+#: ``prepare --regenerate`` runs the verifier with serve-check's engine (``serve.run_engine``).
+STAGE_EXCEPTIONS = {("regenerate", "serve")}
+
+
+def stage_crossings(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    stage_of = {
+        f"speculators_compat.pipeline.{m}": stage for stage, modules in STAGE_MODULES.items() for m in modules
+    }
+    return sorted(
+        (name.rsplit(".", 1)[1], target.rsplit(".", 1)[1])
+        for name, targets in graph.items()
+        if name in stage_of
+        for target in targets
+        if target in stage_of
+        and stage_of[target] != stage_of[name]
+        and (name.rsplit(".", 1)[1], target.rsplit(".", 1)[1]) not in STAGE_EXCEPTIONS
+    )
+
+
+def test_the_checker_finds_a_stage_reaching_into_another():
+    graph = {"speculators_compat.pipeline.train": {"speculators_compat.pipeline.serve"}}
+    assert stage_crossings(graph) == [("train", "serve")]
+
+
+def test_no_stage_imports_another_stages_module():
+    graph = import_graph()
+    assert all(f"speculators_compat.pipeline.{m}" in graph for ms in STAGE_MODULES.values() for m in ms)
+    assert stage_crossings(graph) == []

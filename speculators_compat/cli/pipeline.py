@@ -19,7 +19,6 @@ from ..pipeline.check import check_against_reference
 from ..pipeline.layout import STAGES, RunFolder
 from ..pipeline.runner import StageReport, claim, environment_line, run_stages
 from ..pipeline.serve import (
-    captured_layer_ids,
     cpu_spec_decode_text,
     cpu_spec_decode_unsupported,
     draft_with_aux_ids,
@@ -429,7 +428,7 @@ def _aux_ablation(run: RunFolder) -> None:
     right = json.loads(run.serve_report.read_text())["acceptance_per_position"][0]
     click.echo("ablation: the same draft with its aux layer ids one layer early (vLLM #43671's bug)...")
     with tempfile.TemporaryDirectory() as tmp:
-        draft = draft_with_aux_ids(latest_checkpoint(run), Path(tmp) / "draft", captured_layer_ids(run)[:-1])
+        draft = draft_with_aux_ids(latest_checkpoint(run), Path(tmp) / "draft", run.captured_layer_ids()[:-1])
         shifted = serve_check(run, draft=draft, check_layer_ids=False)
     wrong = shifted.acceptance_per_position[0]
     click.echo(

@@ -99,6 +99,14 @@ class RunFolder:
     def settings(self) -> dict:
         return self.read()["settings"]
 
+    def captured_layer_ids(self) -> list[int]:
+        """The verifier layers the samples hold (``data_config.json``, speculators' convention:
+        each layer's output)."""
+        config = self.hidden_states / "data_config.json"
+        if not config.is_file():
+            raise PipelineError(f"{config} is missing: run extract first.")
+        return list(json.loads(config.read_text())["hidden_states"]["layer_ids"])
+
     def spec(self) -> RunSpec:
         """The run this folder holds (refused, saying how to start one, where it holds none)."""
         return RunSpec.from_settings(self.settings(), self.root)

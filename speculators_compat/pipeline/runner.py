@@ -13,8 +13,8 @@ from .extract import extract
 from .layout import STAGES, RunFolder
 from .model_info import check_seq_length, inspect_model
 from .prepare import prepare
-from .spec import RunOptions, RunRequest, RunSpec
-from .train import check_metric_loggers, train
+from .spec import RunOptions, RunRequest, RunSpec, check_metric_loggers
+from .train import train
 from .vocab import build_vocab
 
 log = logging.getLogger("speculators_compat.pipeline")

@@ -150,3 +150,12 @@ class BatchWriter:
             log.error("writing a batch of samples failed too: %s: %s", type(exc).__name__, exc)
         finally:
             self._pool.shutdown(wait=True)
+
+
+def vllm_aux_layer_ids(captured: list[int]) -> list[int]:
+    """vLLM's ``eagle_aux_hidden_state_layer_ids`` for data captured at speculators' ``captured``
+    layer ids (three auxiliary layers, then the target layer): each auxiliary layer's output is
+    the state entering the next layer."""
+    if len(captured) < 2:
+        raise ValueError(f"expected auxiliary layer ids and a final one, got {captured}")
+    return [k + 1 for k in captured[:-1]]

@@ -16,7 +16,8 @@ Layer ids. speculators 0.3.0 captures decoder layer k's *output*; vLLM's
 ``eagle_aux_hidden_state_layer_ids`` entry k is the state *entering* layer k. The draft's
 auxiliary inputs captured at layer ids ``[a, b, c]`` (the fourth id is the layer the training
 targets come from) are therefore served with ids ``[a + 1, b + 1, c + 1]``:
-:func:`vllm_aux_layer_ids`, which ``train`` writes into the draft's ``config.json``.
+:func:`~speculators_compat.pipeline.samples.vllm_aux_layer_ids`, which ``train`` writes into
+the draft's ``config.json``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from ..versions import in_range
 from .errors import PipelineError
 from .layout import RunFolder
 from .model_info import inspect_model
-from .samples import uncovered_rows
+from .samples import uncovered_rows, vllm_aux_layer_ids
 
 log = logging.getLogger("speculators_compat.pipeline")
 
@@ -64,22 +65,6 @@ def cpu_spec_decode_text() -> str:
         else:
             words.append(f"{low} and later")
     return " or ".join(words)
-
-
-def vllm_aux_layer_ids(captured: list[int]) -> list[int]:
-    """vLLM's ``eagle_aux_hidden_state_layer_ids`` for data captured at speculators' ``captured``
-    layer ids (three auxiliary layers, then the target layer): each auxiliary layer's output is
-    the state entering the next layer."""
-    if len(captured) < 2:
-        raise ValueError(f"expected auxiliary layer ids and a final one, got {captured}")
-    return [k + 1 for k in captured[:-1]]
-
-
-def captured_layer_ids(run: RunFolder) -> list[int]:
-    config = run.hidden_states / "data_config.json"
-    if not config.is_file():
-        raise PipelineError(f"{config} is missing: run extract first.")
-    return list(json.loads(config.read_text())["hidden_states"]["layer_ids"])
 
 
 def cpu_spec_decode_unsupported() -> str | None:
@@ -422,11 +407,11 @@ def serve_check(
     draft = Path(draft) if draft else latest_checkpoint(run)
     config = json.loads((draft / "config.json").read_text())
     aux = config.get("eagle_aux_hidden_state_layer_ids")
-    expected = vllm_aux_layer_ids(captured_layer_ids(run))
+    expected = vllm_aux_layer_ids(run.captured_layer_ids())
     if check_layer_ids and aux != expected:
         raise PipelineError(
             f"{draft}/config.json has eagle_aux_hidden_state_layer_ids {aux}, but its training data "
-            f"was captured at layer ids {captured_layer_ids(run)}, which vLLM names {expected} (vLLM's "
+            f"was captured at layer ids {run.captured_layer_ids()}, which vLLM names {expected} (vLLM's "
             "id k is the state entering layer k). Train it again with this version of "
             f'speculators-compat, or set "eagle_aux_hidden_state_layer_ids": {expected} there.'
         )

@@ -15,6 +15,7 @@ stage runs.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,22 @@ PRECISIONS = ("fp32", "tf32")
 #: speculators 0.3.0's metric loggers (``speculators.train.logger``), each with the package it
 #: needs (the extra of the same name installs it).
 METRIC_LOGGERS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
+def check_metric_loggers(names: tuple[str, ...]) -> None:
+    """Refuse ``--log-to`` loggers whose package is not installed, before any stage runs (not
+    when training starts, hours into a run)."""
+    unknown = [n for n in names if n not in METRIC_LOGGERS]
+    if unknown:
+        raise PipelineError(f"--log-to {','.join(unknown)}: choose from {', '.join(METRIC_LOGGERS)}.")
+    missing = [n for n in names if importlib.util.find_spec(METRIC_LOGGERS[n]) is None]
+    if missing:
+        packages = " ".join(METRIC_LOGGERS[n] for n in missing)
+        raise PipelineError(
+            f"--log-to {','.join(missing)}: the {packages} package is not installed here. Install it "
+            f"(pip install 'speculators-compat[{','.join(missing)}]') and run the command again, or "
+            f"leave --log-to out: train_metrics.jsonl records every step either way."
+        )
 
 
 @dataclass(frozen=True)

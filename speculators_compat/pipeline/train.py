@@ -8,7 +8,6 @@ FSDP2 ``fully_shard`` and its ``DistributedCheckpointer``). Checkpoints go to
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import logging
 import os
@@ -20,9 +19,8 @@ from .atomic import disk_full, free_bytes, gib
 from .errors import PipelineError
 from .layout import RunFolder
 from .model_info import ModelInfo
-from .samples import sample_index
-from .serve import captured_layer_ids, vllm_aux_layer_ids
-from .spec import METRIC_LOGGERS, PRECISIONS, RunSpec, TrainOptions
+from .samples import sample_index, vllm_aux_layer_ids
+from .spec import PRECISIONS, RunSpec, TrainOptions
 
 log = logging.getLogger("speculators_compat.pipeline")
 
@@ -70,22 +68,6 @@ def matmul_precision(precision: str):
             torch.set_float32_matmul_precision(before)
 
     return context()
-
-
-def check_metric_loggers(names: tuple[str, ...]) -> None:
-    """Refuse ``--log-to`` loggers whose package is not installed, before any stage runs (not
-    when training starts, hours into a run)."""
-    unknown = [n for n in names if n not in METRIC_LOGGERS]
-    if unknown:
-        raise PipelineError(f"--log-to {','.join(unknown)}: choose from {', '.join(METRIC_LOGGERS)}.")
-    missing = [n for n in names if importlib.util.find_spec(METRIC_LOGGERS[n]) is None]
-    if missing:
-        packages = " ".join(METRIC_LOGGERS[n] for n in missing)
-        raise PipelineError(
-            f"--log-to {','.join(missing)}: the {packages} package is not installed here. Install it "
-            f"(pip install 'speculators-compat[{','.join(missing)}]') and run the command again, or "
-            f"leave --log-to out: train_metrics.jsonl records every step either way."
-        )
 
 
 @contextlib.contextmanager
@@ -302,7 +284,7 @@ def train(
         norm_before_residual=True,
         # Which verifier states vLLM feeds the served draft, in vLLM's convention (the state
         # entering layer k): without it vLLM picks its own default layers.
-        eagle_aux_hidden_state_layer_ids=vllm_aux_layer_ids(captured_layer_ids(run)),
+        eagle_aux_hidden_state_layer_ids=vllm_aux_layer_ids(run.captured_layer_ids()),
         speculators_config=SpeculatorsConfig(
             algorithm="eagle3",
             proposal_methods=[
