@@ -28,7 +28,6 @@ def doctor(as_json: bool) -> None:
     (its module does not import on this machine, e.g. a CUDA wheel's GPU-only module; the import
     error is shown). Needs no GPU: a CUDA wheel's API is read on a CPU machine too. Exits 1 when
     anything is uncovered."""
-
     findings = diagnose()
     v = installed_versions()
     counts = {s: sum(f.state == s for f in findings) for s in STATES}

@@ -424,7 +424,6 @@ def register(main: click.Group) -> None:
 def _aux_ablation(run: RunFolder) -> None:
     """The served draft again, its aux layer ids one layer early (speculators' captured ids taken
     as vLLM's: the off-by-one of vLLM #43671): what acceptance loses."""
-
     right = json.loads(run.serve_report.read_text())["acceptance_per_position"][0]
     click.echo("ablation: the same draft with its aux layer ids one layer early (vLLM #43671's bug)...")
     with tempfile.TemporaryDirectory() as tmp:
@@ -439,7 +438,6 @@ def _aux_ablation(run: RunFolder) -> None:
 
 def _serve_check(run: RunFolder, **kw) -> bool:
     """serve-check on ``run``; prints the report, writes ``serve_check.json``; True if lossless."""
-
     click.echo("serve-check: the draft in vLLM's EAGLE-3 speculative decoding (two engines)...")
     t0 = time.perf_counter()
     report = serve_check(run, **kw)
