@@ -215,8 +215,9 @@ def test_the_committed_trained_weights_are_what_their_recipe_trains(tmp_path):
     """fixtures train remakes deepseek-v3-tiny-trained from its recipe (about 2 minutes on 2
     cores); CPU kernels differ between machines and torch releases, so the new weights are not
     the same bits, but they reach the committed figures: measured 0.9068 top-1 probability and
-    0.9222 greedy agreement on torch 2.10 and 2.11 alike (committed: the 2.11 run); torch 2.8
-    (vLLM 0.11's env) reached 0.8839 top-1 probability, hence 0.03."""
+    0.9222 greedy agreement on torch 2.10 and 2.11 alike (committed: the 2.11 run). On an AMD EPYC
+    with AVX-512 (2026-12-07) torch 2.8 reached 0.8839 top-1 probability and torch 2.10 0.8921
+    greedy agreement (0.023 and 0.030 off), hence 0.05; the quality floor below stays."""
     from speculators_compat.tiny.train import make_trained, weights_path
 
     committed = json.loads(weights_path("deepseek-v3-tiny-trained").with_suffix(".json").read_text())
@@ -224,5 +225,5 @@ def test_the_committed_trained_weights_are_what_their_recipe_trains(tmp_path):
     assert facts["tokenizer"] == committed["tokenizer"]
     assert facts["bigram_agreement"] == committed["bigram_agreement"]  # no training involved
     for key in ("top1_probability", "greedy_agreement"):
-        assert abs(facts[key] - committed[key]) <= 0.03, (key, facts[key], committed[key])
+        assert abs(facts[key] - committed[key]) <= 0.05, (key, facts[key], committed[key])
     assert facts["top1_probability"] > 0.85 and facts["greedy_agreement"] > facts["bigram_agreement"] + 0.3
