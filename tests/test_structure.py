@@ -19,26 +19,30 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """What an import statement of module ``name`` (at ``path``) names: the module, and for
+    ``from X import a`` also ``X.a`` (which may be a module)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if node.level:
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    return [target] + [f"{target}.{a.name}" for a in node.names]
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the package's modules it imports anywhere in its code (a parent package, which
     is always imported first, does not count)."""
     modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                targets = [target] + [f"{target}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
-            for target in targets:
+            for target in _targets(name, path, node):
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
                 if target and target != name and not name.startswith(target + "."):
@@ -216,17 +220,6 @@ HEAVY = ("torch", "vllm", "speculators", "transformers", "numpy", "safetensors",
 def _is_light_third_party(module: str) -> bool:
     root = module.split(".")[0]
     return root in sys.stdlib_module_names or root in LIGHT
-
-
-def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
-    if isinstance(node, ast.ImportFrom) and node.level:
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-        target = ".".join(base + ([node.module] if node.module else []))
-        return [target] + [f"{target}.{a.name}" for a in node.names]
-    if isinstance(node, ast.ImportFrom):
-        return [node.module or ""]
-    return [a.name for a in node.names]
 
 
 def heavy_modules(modules: dict[str, Path]) -> set[str]:

@@ -16,6 +16,7 @@ import click
 from .. import tiny
 from ..pipeline.atomic import write_json
 from ..pipeline.check import check_against_reference
+from ..pipeline.errors import PipelineError
 from ..pipeline.layout import STAGES, RunFolder
 from ..pipeline.runner import StageReport, claim, environment_line, run_stages
 from ..pipeline.serve import (
@@ -25,7 +26,16 @@ from ..pipeline.serve import (
     latest_checkpoint,
     serve_check,
 )
-from ..pipeline.spec import IDENTITY, METRIC_LOGGERS, PRECISIONS, RunOptions, RunRequest, Shard, TrainOptions
+from ..pipeline.spec import (
+    IDENTITY,
+    METRIC_LOGGERS,
+    PRECISIONS,
+    RunOptions,
+    RunRequest,
+    Shard,
+    TrainOptions,
+    metric_logger_names,
+)
 from ..registry import applied
 from .common import guard, quiet_logging
 
@@ -83,7 +93,7 @@ def _shard(_ctx, _param, value):
     try:
         return Shard.parse(value)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise click.BadParameter(str(exc).removeprefix("--log-to ")) from None
 
 
 SHARD_OPTION = click.option(
@@ -240,12 +250,10 @@ def _common(stages: tuple[str, ...]):
 
 
 def _log_to(_ctx, _param, value: str) -> tuple[str, ...]:
-    """``--log-to tensorboard,wandb`` -> the logger names, each known."""
-    names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
-    unknown = [n for n in names if n not in METRIC_LOGGERS]
-    if unknown:
-        raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(METRIC_LOGGERS)}")
-    return names
+    try:
+        return metric_logger_names(value)
+    except PipelineError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--log-to ")) from None
 
 
 def _request(kw: dict, quiet: bool) -> RunRequest:

@@ -78,13 +78,20 @@ PRECISIONS = ("fp32", "tf32")
 METRIC_LOGGERS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 
 
-def check_metric_loggers(names: tuple[str, ...]) -> None:
-    """Refuse ``--log-to`` loggers whose package is not installed, before any stage runs (not
-    when training starts, hours into a run)."""
+def metric_logger_names(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    """``--log-to tensorboard,wandb`` (or the names) -> the logger names, each known, each once."""
+    parts = value.split(",") if isinstance(value, str) else value
+    names = tuple(dict.fromkeys(n.strip() for n in parts if n.strip()))
     unknown = [n for n in names if n not in METRIC_LOGGERS]
     if unknown:
         raise PipelineError(f"--log-to {','.join(unknown)}: choose from {', '.join(METRIC_LOGGERS)}.")
-    missing = [n for n in names if importlib.util.find_spec(METRIC_LOGGERS[n]) is None]
+    return names
+
+
+def check_metric_loggers(names: tuple[str, ...]) -> None:
+    """Refuse ``--log-to`` loggers unknown or whose package is not installed, before any stage
+    runs (not when training starts, hours into a run)."""
+    missing = [n for n in metric_logger_names(names) if importlib.util.find_spec(METRIC_LOGGERS[n]) is None]
     if missing:
         packages = " ".join(METRIC_LOGGERS[n] for n in missing)
         raise PipelineError(

@@ -142,16 +142,10 @@ def resume_lr() -> dict:
     import logging
     import shutil
 
-    rates: list[tuple[int, float]] = []
-    steps: list[tuple[int, int]] = []  # (epoch, step) of every metric record: training and validation
-
-    def emit(record):
-        steps.append((record.msg["epoch"], record.step))
-        if "lr" in record.msg:
-            rates.append((record.msg["epoch"], record.msg["lr"]))
-
+    # (epoch, step, lr) of every metric record: training steps carry a rate, validation None
+    records: list[tuple[int, int, float | None]] = []
     handler = logging.Handler()
-    handler.emit = emit
+    handler.emit = lambda r: records.append((r.msg["epoch"], r.step, r.msg.get("lr")))
     metrics = logging.getLogger("speculators.metrics")
     metrics.setLevel(logging.INFO)
     metrics.addHandler(handler)
@@ -159,22 +153,20 @@ def resume_lr() -> dict:
         whole, resumed = Path(tmp) / "whole", Path(tmp) / "resumed"
         draft, _, info, _ = _draft("deepseek-v3-tiny")
         _trainer(draft, whole, 2, info).run_training()
-        uninterrupted = [lr for epoch, lr in rates if epoch == 1]
-        uninterrupted_steps = [step for epoch, step in steps if epoch == 1]
+        uninterrupted = [(step, lr) for epoch, step, lr in records if epoch == 1]
         shutil.copytree(whole / "data", resumed / "data")
         shutil.copytree(whole / "ckpt" / "0", resumed / "ckpt" / "0")
-        rates.clear()
-        steps.clear()
+        records.clear()
         draft, _, info, _ = _draft("deepseek-v3-tiny")
         trainer = _trainer(draft, resumed, 2, info)
         start = trainer.current_epoch
         trainer.run_training()
     return {
         "resumed_at_epoch": start,
-        "uninterrupted": uninterrupted,
-        "resumed": [lr for _, lr in rates],
-        "uninterrupted_steps": uninterrupted_steps,
-        "resumed_steps": [step for _, step in steps],
+        "uninterrupted": [lr for _, lr in uninterrupted if lr is not None],
+        "resumed": [lr for _, _, lr in records if lr is not None],
+        "uninterrupted_steps": [step for step, _ in uninterrupted],
+        "resumed_steps": [step for _, step, _ in records],
     }
 
 
