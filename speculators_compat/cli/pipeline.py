@@ -229,8 +229,9 @@ def _common(stages: tuple[str, ...]):
                     "--precision",
                     type=click.Choice(PRECISIONS),
                     default=None,
-                    help="What the draft's float32 matmuls run in: fp32 (speculators as it ships) or "
-                    "tf32 (a CUDA GPU's tensor cores). Default: tf32 on a CUDA GPU, fp32 on a CPU.",
+                    help="What training computes in: fp32 (speculators as it ships), tf32 (float32 "
+                    "with a CUDA GPU's TF32 matmuls) or bf16 (bfloat16 autocast, float32 weights "
+                    "and optimizer). Default: tf32 on a CUDA GPU, fp32 on a CPU.",
                 ),
                 click.option(
                     "--log-to",

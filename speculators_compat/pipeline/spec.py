@@ -69,9 +69,11 @@ IDENTITY: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunSpec))
 
 #: ``train --precision``: fp32, speculators 0.3.0 as it ships (on a GPU every matmul at the fp32
 #: ceiling); tf32, float32 weights and activations with TensorFloat-32 matmuls (a CUDA GPU's
-#: tensor cores, set before speculators compiles the draft). The default: tf32 on a CUDA GPU,
-#: fp32 on a CPU (TF32 is a GPU format). docs/performance.md has the measured speeds and losses.
-PRECISIONS = ("fp32", "tf32")
+#: tensor cores, set before speculators compiles the draft); bf16, the draft's forward and
+#: backward under bfloat16 autocast, its weights and optimizer in float32 (the shim
+#: ``draft_attention_autocast_dtype`` lets its attention run so). The default: tf32 on a CUDA
+#: GPU, fp32 on a CPU (TF32 is a GPU format). docs/performance.md has the measured speeds and losses.
+PRECISIONS = ("fp32", "tf32", "bf16")
 
 #: speculators 0.3.0's metric loggers (``speculators.train.logger``), each with the package it
 #: needs (the extra of the same name installs it).

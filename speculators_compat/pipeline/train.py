@@ -49,21 +49,23 @@ def chosen_precision(requested: str | None, device_type: str) -> str:
     if device_type != "cuda":
         if requested == "tf32":
             log.warning("--precision tf32 applies to CUDA GPUs; training on the %s in fp32", device_type)
-        return "fp32"
+        return "bf16" if requested == "bf16" else "fp32"
     return requested or "tf32"
 
 
-def matmul_precision(precision: str):
-    """A context in which float32 matmuls run in ``precision`` (torch's global setting, restored
-    when it ends: only this training changes, not the rest of the process)."""
+def precision_context(precision: str, device_type: str):
+    """A context in which training runs in ``precision``: float32 matmuls in TF32 for tf32 and
+    bf16 (torch's global setting, restored when it ends: only this training changes, not the rest
+    of the process), and bfloat16 autocast on ``device_type`` for bf16."""
     import torch
 
     @contextlib.contextmanager
     def context():
         before = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+        torch.set_float32_matmul_precision("highest" if precision == "fp32" else "high")
         try:
-            yield
+            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                yield
         finally:
             torch.set_float32_matmul_precision(before)
 
@@ -367,7 +369,11 @@ def train(
     if rank == 0:
         metrics.addHandler(handler)
     try:
-        with draft_compile_limits(), matmul_precision(precision), metric_loggers(run, options.log_to, rank):
+        with (
+            draft_compile_limits(),
+            precision_context(precision, device.type),
+            metric_loggers(run, options.log_to, rank),
+        ):
             trainer.run_training()
     except torch.OutOfMemoryError as exc:
         raise PipelineError(out_of_memory_advice(run, options.total_seq_len, exc)) from exc

@@ -22,6 +22,7 @@ from . import (
     cpu_rms_norm_strided,
     cpu_rotary_embedding_3d,
     distributed_cpu,
+    draft_attention_autocast_dtype,
     draft_attention_cpu_grad,
     draft_eager_on_cpu,
     draft_from_pretrained,
@@ -88,6 +89,8 @@ SHIMS: list[Shim] = [
     training_resume_step.SHIM,
     draft_eager_on_cpu.SHIM,
     draft_attention_cpu_grad.SHIM,
+    # After draft_attention_cpu_grad: it wraps that one's replacement (one dtype before either runs).
+    draft_attention_autocast_dtype.SHIM,
     checkpointer_cpu.SHIM,
     distributed_cpu.SHIM,
 ]

@@ -5,6 +5,7 @@ Modes
 - targets: the draft's training targets vs the verifier's real logits (deepseek-v3-tiny)
 - kimi: build the draft on the Kimi-K2.5 wrapper; its embeddings vs the checkpoint's
 - step: one training step of speculators' Trainer on CPU
+- attention_bf16: the draft's attention under bfloat16 autocast with float32 q/k, bfloat16 v
 - resume: train one epoch, then resume the same run for a second
 - resume_lr: the learning rates and metric steps of a resumed epoch against the uninterrupted run's
 - load: save the draft with speculators' checkpointer, load it with from_pretrained
@@ -123,6 +124,30 @@ def step() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         _trainer(draft, Path(tmp), 1, info).run_training()
     return {}
+
+
+def attention_bf16() -> dict:
+    """speculators' draft attention (``simple_flex_attention``) under bfloat16 autocast, given
+    what its layer hands it on a GPU there: q and k in float32 (the rotary embedding's cos/sin
+    are made in the layer input's dtype), v in bfloat16 (its projection under autocast)."""
+    import importlib
+
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    attention = importlib.import_module("speculators.models.eagle3.attention")
+    total = 128
+    mask = attention.create_combined_mask_mod(torch.tensor([80, 48]), total)
+    block_mask = create_block_mask(mask, None, None, total, total, device="cpu")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, total, 16, generator=g) for _ in range(3))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = attention.flex_attention_forward(None, q, k, v.bfloat16(), block_mask, scaling=0.25)
+        reference, _ = attention.flex_attention_forward(
+            None, q.bfloat16(), k.bfloat16(), v.bfloat16(), block_mask, scaling=0.25
+        )
+    difference = float((out.float() - reference.float()).abs().max())
+    return {"dtype": str(out.dtype), "max_difference": difference, "torch": torch.__version__}
 
 
 def resume() -> dict:
