@@ -23,7 +23,8 @@ epoch's end (validation and checkpoint). The epoch estimate for 7,000 samples on
 the synthetic set's mean sample length and linear scaling (the 8-GPU run is issue 16's).
 
     python benchmarks/gpu_train.py [--demo RUN] [--kimi] [--total-seq-lens 4096,8192,16384]
-                                   [--steps 8] [--num-workers N] [--precision fp32|tf32]
+                                   [--steps 8] [--num-workers N] [--precision fp32|tf32|bf16] [--fused-adamw]
+                                   [--pad-multiple N]
                                    [--work DIR] [--out DIR]
 """
 
@@ -466,6 +467,40 @@ def kimi(args, work: Path, save) -> dict:
     }
 
 
+def fused_adamw() -> None:
+    """speculators 0.3.0's trainer builds ``torch.optim.AdamW(params, lr=...)`` (torch's foreach
+    kernels on a GPU); this variant hands it a subclass that asks for the fused kernels."""
+    import torch
+
+    class FusedAdamW(torch.optim.AdamW):
+        def __init__(self, params, **kwargs):
+            super().__init__(params, fused=True, **kwargs)
+
+    torch.optim.AdamW = FusedAdamW
+
+
+def trimmed_padding(multiple: int) -> None:
+    """speculators 0.3.0 pads every batch to ``--total-seq-len``; this variant pads it only to
+    the next multiple of ``multiple`` tokens past what it packs (fewer tokens of work, more
+    distinct shapes for torch.compile)."""
+    import speculators.train.data as data
+
+    shipped = data.create_collate_fn
+
+    def create_collate_fn(max_len: int):
+        collate = shipped(max_len)
+
+        def trimmed(batch):
+            out = collate(batch)
+            used = int(out["lengths"].sum())
+            keep = min(max_len, -(-used // multiple) * multiple)
+            return {k: v if k == "lengths" else v[:, :keep] for k, v in out.items()}
+
+        return trimmed
+
+    data.create_collate_fn = create_collate_fn
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--demo", type=Path, help="a finished CPU `speculators-compat demo` folder")
@@ -475,7 +510,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="training steps per batch size (about)")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the median (compilation)")
     p.add_argument("--num-workers", type=int, default=None, help="default: train's (4 on a GPU)")
-    p.add_argument("--precision", choices=("fp32", "tf32"), help="default: train's (tf32 on a GPU)")
+    from speculators_compat.pipeline.train import PRECISIONS
+
+    p.add_argument("--precision", choices=PRECISIONS, help="default: train's (tf32 on a GPU)")
+    p.add_argument("--fused-adamw", action="store_true", help="AdamW with fused=True (a variant)")
+    p.add_argument(
+        "--pad-multiple", type=int, default=None, help="pad batches to a multiple of this (a variant)"
+    )
     p.add_argument(
         "--compare-workers",
         type=lambda s: [int(x) for x in s.split(",")],
@@ -500,8 +541,16 @@ def main() -> None:
     WAITS = LoaderWait()
     OPTIMIZER = OptimizerTime()
 
+    if args.fused_adamw:
+        fused_adamw()
+    if args.pad_multiple:
+        trimmed_padding(args.pad_multiple)
     args.work.mkdir(parents=True, exist_ok=True)
-    report = {"environment": environment()}
+    report = {
+        "environment": environment(),
+        "fused_adamw": args.fused_adamw,
+        "pad_multiple": args.pad_multiple,
+    }
     log(json.dumps(report["environment"]))
 
     def save(**partial) -> None:  # after each measurement: a run cut short keeps what it measured

@@ -21,7 +21,7 @@ through the documented entry point, ``torchrun --nproc_per_node N -m speculators
 Keep NVLink multicast off (the device notes say why): ``NCCL_NVLS_ENABLE=0`` is set for the ranks.
 
     python benchmarks/gpu_train_multi.py --ranks 2 [--total-seq-len 8192] [--steps 12] [--warmup 4]
-        [--epochs 1] [--precision fp32|tf32] [--num-workers N] [--kill-rank 1 --kill-after 3]
+        [--epochs 1] [--precision fp32|tf32|bf16] [--num-workers N] [--kill-rank 1 --kill-after 3]
         [--single gpu_train.json] [--work DIR] [--out DIR]
 
 A CPU dry run (gloo; the distributed_cpu shim) checks the script itself: add

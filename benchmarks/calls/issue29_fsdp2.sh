@@ -1,0 +1,11 @@
+#!/bin/bash
+# issue 29, call B (one GPU, about 9.5 minutes): speculators' FSDP2 path with one rank
+# (`torchrun --nproc_per_node 1 ... train`, bf16 parameters) at 8,192 tokens beside this call's
+# single-process tf32 baseline, and its losses at 2,048 tokens x ~104 steps (the data and seed
+# of the fp32/tf32 series). Timeouts leave room for a fresh machine's compilation (call A says).
+# Carry .whl (the 9 wheels); run from the repo root.
+source benchmarks/calls/_common.sh
+step tf32 150 python benchmarks/gpu_train.py --kimi --total-seq-lens 8192 --steps 8 --warmup 3 --precision tf32
+M="python benchmarks/gpu_train_multi.py --ranks 1"
+step fsdp 200 $M --total-seq-len 8192 --steps 8 --warmup 3 --single $OUT/tf32/gpu_train.json
+step fsdploss 200 $M --total-seq-len 2048 --steps 135 --warmup 5
