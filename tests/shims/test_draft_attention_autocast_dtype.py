@@ -32,7 +32,8 @@ def test_with_the_shim_attention_runs_in_bf16(claimed):
 def test_without_the_shim_flex_attention_refuses_the_mixed_dtypes(claimed):
     """Without the shim, torch before 2.11 refuses the mixed dtypes at the call (the error
     `train --precision bf16` dies of there). From 2.11 the forward takes them and only a GPU's
-    backward refuses them: that symptom is the GPU's (docs/performance.md has the run)."""
+    compiled backward refuses them: that symptom is the GPU's, for the device call
+    benchmarks/calls/issue29_bf16.sh to record."""
     needs_claim(claimed, SHIM)
     without = run_draft("attention_bf16", disable=SHIM.name)
     if "torch" in without and Version(Version(without["torch"]).base_version) >= LOWP_KV:
