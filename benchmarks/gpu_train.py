@@ -23,8 +23,8 @@ epoch's end (validation and checkpoint). The epoch estimate for 7,000 samples on
 the synthetic set's mean sample length and linear scaling (the 8-GPU run is issue 16's).
 
     python benchmarks/gpu_train.py [--demo RUN] [--kimi] [--total-seq-lens 4096,8192,16384]
-                                   [--steps 8] [--num-workers N] [--precision fp32|tf32|bf16] [--fused-adamw]
-                                   [--pad-multiple N]
+                                   [--steps 8] [--num-workers N] [--precision fp32|tf32|bf16]
+                                   [--foreach-adamw] [--pad-multiple N]
                                    [--work DIR] [--out DIR]
 """
 
@@ -379,6 +379,7 @@ def kimi_train(run_dir: Path, total_seq_len: int, num_workers: int | None, warmu
         "fits": True,
         "num_workers": facts.get("loader_workers", num_workers),
         "precision": facts.get("precision"),
+        "fused_adamw": facts.get("fused_adamw"),
         "loader_wait_s": round(wait_s, 3) if wait_s is not None else None,
         "optimizer_step_s": (
             round(statistics.median(OPTIMIZER.times[warmup:]), 4) if OPTIMIZER.times[warmup:] else None
@@ -467,16 +468,13 @@ def kimi(args, work: Path, save) -> dict:
     }
 
 
-def fused_adamw() -> None:
-    """speculators 0.3.0's trainer builds ``torch.optim.AdamW(params, lr=...)`` (torch's foreach
-    kernels on a GPU); this variant hands it a subclass that asks for the fused kernels."""
-    import torch
+def foreach_adamw() -> None:
+    """``train`` updates with torch's fused AdamW kernels in tf32 and bf16
+    (``pipeline.train.fused_adamw_for``); this variant keeps the foreach kernels speculators 0.3.0's
+    ``torch.optim.AdamW(params, lr=...)`` runs on a GPU, to compare."""
+    from speculators_compat.pipeline import train
 
-    class FusedAdamW(torch.optim.AdamW):
-        def __init__(self, params, **kwargs):
-            super().__init__(params, fused=True, **kwargs)
-
-    torch.optim.AdamW = FusedAdamW
+    train.fused_adamw_for = lambda precision: False
 
 
 def trimmed_padding(multiple: int) -> None:
@@ -513,7 +511,9 @@ def main() -> None:
     from speculators_compat.pipeline.train import PRECISIONS
 
     p.add_argument("--precision", choices=PRECISIONS, help="default: train's (tf32 on a GPU)")
-    p.add_argument("--fused-adamw", action="store_true", help="AdamW with fused=True (a variant)")
+    p.add_argument(
+        "--foreach-adamw", action="store_true", help="AdamW's foreach kernels, not train's fused (a variant)"
+    )
     p.add_argument(
         "--pad-multiple", type=int, default=None, help="pad batches to a multiple of this (a variant)"
     )
@@ -541,14 +541,14 @@ def main() -> None:
     WAITS = LoaderWait()
     OPTIMIZER = OptimizerTime()
 
-    if args.fused_adamw:
-        fused_adamw()
+    if args.foreach_adamw:
+        foreach_adamw()
     if args.pad_multiple:
         trimmed_padding(args.pad_multiple)
     args.work.mkdir(parents=True, exist_ok=True)
     report = {
         "environment": environment(),
-        "fused_adamw": args.fused_adamw,
+        "foreach_adamw": args.foreach_adamw,
         "pad_multiple": args.pad_multiple,
     }
     log(json.dumps(report["environment"]))

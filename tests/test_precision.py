@@ -61,6 +61,66 @@ def test_loader_workers_run_beside_the_step_on_a_gpu_only(monkeypatch, cpus, wor
     assert loader_workers(3, "cpu") == loader_workers(3, "cuda") == 3
 
 
+def _adamw_after(steps: int, fused_from: int | None, *, resume_at: int | None = None):
+    """A small model's weights after ``steps`` AdamW steps on fixed gradients, switched to the
+    fused kernels before step ``fused_from`` (None: foreach throughout); with ``resume_at`` the
+    optimizer is rebuilt there from its state_dict, as speculators resumes it."""
+    from speculators_compat.pipeline.train import use_fused_adamw
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 8)
+    grads = [torch.randn_like(p) for p in model.parameters()]
+    opt = torch.optim.AdamW(model.named_parameters(), lr=1e-2)
+    for step in range(steps):
+        if step == resume_at:
+            saved = opt.state_dict()
+            opt = torch.optim.AdamW(model.named_parameters(), lr=1e-2)
+            opt.load_state_dict(saved)
+        if step == fused_from or (step == resume_at and fused_from is not None and step > fused_from):
+            use_fused_adamw(opt, True)
+        for p, g in zip(model.parameters(), grads, strict=True):
+            p.grad = g * (step + 1)
+        opt.step()
+    return opt, [p.detach().clone() for p in model.parameters()]
+
+
+def test_fused_adamw_runs_torchs_fused_kernel_with_foreachs_numbers(monkeypatch):
+    """``use_fused_adamw`` on speculators' ``torch.optim.AdamW`` (as ``setup_optimizer`` builds
+    it): the next steps run torch's fused kernel (counted), from a fresh state, from a foreach
+    state reloaded as a resume reloads it, and from a fused one reloaded, and land where foreach's
+    steps land, up to float32 rounding; step counters sit where torch's fused kernel keeps them."""
+    import torch.optim.adam as adam
+
+    calls = []
+    fused = adam._fused_adam
+    monkeypatch.setattr(adam, "_fused_adam", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    _, reference = _adamw_after(6, None)
+    assert calls == []
+    for fused_from, resume_at in ((0, None), (3, 3), (2, 4)):
+        calls.clear()
+        opt, weights = _adamw_after(6, fused_from, resume_at=resume_at)
+        assert len(calls) == 6 - fused_from, (fused_from, resume_at)
+        assert all(g["fused"] is True and g["foreach"] is False for g in opt.param_groups)
+        for state in opt.state.values():
+            assert state["step"].dtype == torch.float32 and float(state["step"]) == 6
+        for w, r in zip(weights, reference, strict=True):
+            torch.testing.assert_close(w, r, rtol=1e-5, atol=1e-6)
+    from speculators_compat.pipeline.train import use_fused_adamw
+
+    use_fused_adamw(opt, False)  # and back: foreach again, counters on the CPU
+    calls.clear()
+    for p in opt.param_groups[0]["params"]:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert calls == [] and all(s["step"].device.type == "cpu" for s in opt.state.values())
+
+
+def test_fused_adamw_in_tf32_and_bf16_only():
+    from speculators_compat.pipeline.train import fused_adamw_for
+
+    assert [fused_adamw_for(p) for p in PRECISIONS] == [False, True, True]
+
+
 @pytest.mark.training
 def test_bf16_trains_on_a_cpu_near_fp32s_losses(tmp_path):
     """``train --precision bf16`` end to end on a CPU (samples written by hand, the tiny
@@ -90,6 +150,7 @@ def test_bf16_trains_on_a_cpu_near_fp32s_losses(tmp_path):
         ]
         assert {m["precision"] for m in lines} == {precision}
         assert RunFolder(out).done("train")["precision"] == precision
+        assert RunFolder(out).done("train")["fused_adamw"] is (precision == "bf16")
         losses[precision] = [m["train"]["loss"] for m in lines]
     assert len(losses["bf16"]) == len(losses["fp32"]) >= 2
     worst = max(abs(b - a) / abs(a) for a, b in zip(losses["fp32"], losses["bf16"], strict=True))

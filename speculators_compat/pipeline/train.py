@@ -72,6 +72,29 @@ def precision_context(precision: str, device_type: str):
     return context()
 
 
+def use_fused_adamw(optimizer, fused: bool) -> None:
+    """Switch speculators' ``torch.optim.AdamW`` (built and, on a resume, loaded by
+    ``Trainer.setup_optimizer``) to torch's fused kernels (one kernel for every parameter's update
+    instead of the foreach kernels' several passes) or back, before its first step. The kernel is
+    chosen per parameter group at each step; its step counters live on the parameters' device
+    (fused) or the CPU (foreach), as torch places them, whatever kind of run saved the state.
+    The same math in float32: a fused run's weights differ from a foreach run's by rounding."""
+    import torch
+
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = (True, False) if fused else (False, None)
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            if state and torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(dtype=torch.float32, device=param.device if fused else "cpu")
+
+
+def fused_adamw_for(precision: str) -> bool:
+    """Whether training in ``precision`` updates with fused AdamW: tf32 and bf16; fp32 keeps
+    speculators' foreach kernels (and its numbers) exactly."""
+    return precision != "fp32"
+
+
 @contextlib.contextmanager
 def metric_loggers(run: RunFolder, names: tuple[str, ...], rank: int):
     """speculators 0.3.0's own metric handlers for ``names`` on its ``speculators.metrics``
@@ -115,6 +138,8 @@ class TrainResult:
     validation_samples: list[int] = field(default_factory=list)
     #: Data loader workers (:func:`loader_workers`).
     loader_workers: int = 0
+    #: Whether AdamW ran torch's fused kernels (:func:`fused_adamw_for`).
+    fused_adamw: bool = False
 
 
 def _sample_dataset_class():
@@ -354,6 +379,8 @@ def train(
         train_loader,
         val_loader,
     )
+    fused = fused_adamw_for(precision)
+    use_fused_adamw(trainer.opt, fused)
     remaining = max(options.epochs - trainer.current_epoch, 0) * len(train_loader)
     bar = tqdm(
         total=remaining,
@@ -412,6 +439,7 @@ def train(
         precision,
         sorted(sample_index(f) for f in val_files),
         workers,
+        fused,
     )
     if rank == 0:
         facts = {k: v for k, v in vars(result).items() if k != "losses"}
