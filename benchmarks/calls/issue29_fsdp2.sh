@@ -5,7 +5,12 @@
 # of the fp32/tf32 series). Timeouts leave room for a fresh machine's compilation (call A says).
 # Carry .whl (the 9 wheels); run from the repo root.
 source benchmarks/calls/_common.sh
-step tf32 150 python benchmarks/gpu_train.py --kimi --total-seq-lens 8192 --steps 8 --warmup 3 --precision tf32
+# SINGLE=path/gpu_train.json (carried): the baseline an earlier call measured on this machine,
+# still warm; without it this call measures its own first.
+if [ -n "$SINGLE" ]; then S=$SINGLE; else
+  step tf32 150 python benchmarks/gpu_train.py --kimi --total-seq-lens 8192 --steps 8 --warmup 3 --precision tf32
+  S=$OUT/tf32/gpu_train.json
+fi
 M="python benchmarks/gpu_train_multi.py --ranks 1"
-step fsdp 200 $M --total-seq-len 8192 --steps 8 --warmup 3 --single $OUT/tf32/gpu_train.json
+step fsdp 200 $M --total-seq-len 8192 --steps 8 --warmup 3 --single $S
 step fsdploss 200 $M --total-seq-len 2048 --steps 135 --warmup 5
