@@ -156,7 +156,7 @@ TRAINS = (
     "tests/shims/test_training_resume_lr.py",
     "tests/shims/test_training_resume_step.py",
     "tests/test_train_logging.py::test_tensorboard_",
-    "tests/test_precision.py::test_bf16_trains",
+    "tests/test_precision.py::test_bf16_learns_like_fp32",
     "tests/test_pipeline.py::test_demo",
     "tests/test_pipeline.py::test_training_the_same_run_again",
     "tests/test_pipeline.py::test_running_out_of_gpu_memory",

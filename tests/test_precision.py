@@ -49,6 +49,29 @@ def test_the_settings_hold_inside_training_only(precision, inside):
     assert torch.get_float32_matmul_precision() == before and not torch.is_autocast_enabled("cpu")
 
 
+def test_bf16_computes_with_the_weights_of_this_step_not_the_first():
+    """Each step's forward casts the weights as the optimizer left them. Autocast with its cast
+    cache keeps its bfloat16 copy of a float32 weight until its outermost context exits: one
+    such context around the whole training computed every step with the first step's weights
+    (the draft did not learn)."""
+    model = torch.nn.Linear(4, 4, bias=False)
+    x = torch.eye(4)
+
+    def two_steps():
+        first = model(x)
+        with torch.no_grad():
+            model.weight.mul_(2)  # what an optimizer step does: in place
+        return first, model(x)
+
+    with precision_context("bf16", "cpu"):
+        first, second = two_steps()
+    assert first.dtype == second.dtype == torch.bfloat16
+    torch.testing.assert_close(second.float(), 2 * first.float())
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the mechanism, measured: the cache
+        first, second = two_steps()
+    assert torch.equal(first, second)
+
+
 @pytest.mark.parametrize(("cpus", "workers"), [(16, 4), (3, 2), (2, 1), (1, 0)])
 def test_loader_workers_run_beside_the_step_on_a_gpu_only(monkeypatch, cpus, workers):
     """On a GPU up to GPU_LOADER_WORKERS, one CPU left to the training process; on a CPU none."""
@@ -122,14 +145,17 @@ def test_fused_adamw_in_tf32_and_bf16_only():
 
 
 @pytest.mark.training
-def test_bf16_trains_on_a_cpu_near_fp32s_losses(tmp_path):
+def test_bf16_learns_like_fp32_on_a_cpu(tmp_path):
     """``train --precision bf16`` end to end on a CPU (samples written by hand, the tiny
-    DeepSeek-V3): recorded in run.json and each metric line, and its losses beside fp32's on the
-    same run: bfloat16's 8-bit mantissa, not a different training. (Autocast computes in
-    bfloat16 and leaves the weights and Adam's state in float32; speculators' checkpointer saves
-    both in bfloat16 whatever the precision.)"""
+    DeepSeek-V3, 15 steps at lr 1e-3, where fp32's loss falls by about a third): recorded in
+    run.json and each metric line, and its loss falls as fp32's does, step by step within
+    bfloat16's rounding. (A bf16 whose forward kept the first step's weights, as one autocast
+    context around the whole training did, stayed at its first loss: 0.155 +- 0.004 over 15
+    steps.) Autocast computes in bfloat16 and leaves the weights and Adam's state in float32;
+    speculators' checkpointer saves both in bfloat16 whatever the precision."""
     import json
     import shutil
+    import statistics
 
     from speculators_compat.pipeline.layout import RunFolder
     from speculators_compat.tiny import build
@@ -142,8 +168,9 @@ def test_bf16_trains_on_a_cpu_near_fp32s_losses(tmp_path):
     for precision in ("fp32", "bf16"):
         out = tmp_path / precision
         proc = cli(
-            "train", "--out", out, "--epochs", 1, "--total-seq-len", 128, "--precision", precision, "--quiet"
-        )
+            "train", "--out", out, "--epochs", 3, "--lr", "1e-3", "--total-seq-len", 128,
+            "--precision", precision, "--quiet",
+        )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         lines = [
             json.loads(x) for x in (out / "train_metrics.jsonl").read_text().splitlines() if '"train"' in x
@@ -152,9 +179,16 @@ def test_bf16_trains_on_a_cpu_near_fp32s_losses(tmp_path):
         assert RunFolder(out).done("train")["precision"] == precision
         assert RunFolder(out).done("train")["fused_adamw"] is (precision == "bf16")
         losses[precision] = [m["train"]["loss"] for m in lines]
-    assert len(losses["bf16"]) == len(losses["fp32"]) >= 2
-    worst = max(abs(b - a) / abs(a) for a, b in zip(losses["fp32"], losses["bf16"], strict=True))
-    print(f"bf16 against fp32: worst step {worst:.2e} relative", losses)
-    # measured on this 2-core CPU: 3.3e-2 (torch 2.10), 1.3e-2 (torch 2.8) at the worst step of 5;
-    # the bar of 1% after >= 100 steps is the GPU's, measured there (docs/performance.md)
-    assert 0 < worst <= 0.05, losses
+    fp32, bf16 = losses["fp32"], losses["bf16"]
+    assert len(bf16) == len(fp32) == 15
+    worst = max(abs(b - a) / a for a, b in zip(fp32, bf16, strict=True))
+
+    def fall(series):  # the first 3 steps' mean over the last 5's
+        return statistics.mean(series[:3]) / statistics.mean(series[-5:])
+
+    print(f"bf16 against fp32: worst step {worst:.2e}; fall {fall(bf16):.3f} against {fall(fp32):.3f}")
+    # measured on a 2-core CPU: fp32 falls 1.43x (0.149 -> 0.104), bf16 1.47-1.48x (torch 2.8,
+    # 2.10, 2.11, 5 runs); the worst step 2.9-4.4% apart. The stale-weights bf16: 1.00x.
+    assert fall(fp32) > 1.25, fp32  # the data can show learning
+    assert abs(fall(bf16) - fall(fp32)) < 0.1, losses
+    assert worst <= 0.075, losses

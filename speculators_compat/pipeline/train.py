@@ -56,7 +56,15 @@ def chosen_precision(requested: str | None, device_type: str) -> str:
 def precision_context(precision: str, device_type: str):
     """A context in which training runs in ``precision``: float32 matmuls in TF32 for tf32 and
     bf16 (torch's global setting, restored when it ends: only this training changes, not the rest
-    of the process), and bfloat16 autocast on ``device_type`` for bf16."""
+    of the process), and bfloat16 autocast on ``device_type`` for bf16.
+
+    Autocast without its cast cache: autocast keeps the bfloat16 copy of each float32 weight it
+    casts until its outermost context exits, so with the cache one context around the training
+    computes every step with the first step's weights (on a CPU the loss did not move in 36 steps
+    where fp32's fell 11%; tests/test_precision.py). One context stays around the whole training
+    (the backward too): torch before 2.11 runs flex attention's backward on a CPU with a float32
+    gradient against bfloat16 scores outside autocast (``expected m1 and m2 to have the same
+    dtype``)."""
     import torch
 
     @contextlib.contextmanager
@@ -64,7 +72,9 @@ def precision_context(precision: str, device_type: str):
         before = torch.get_float32_matmul_precision()
         torch.set_float32_matmul_precision("highest" if precision == "fp32" else "high")
         try:
-            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            with torch.autocast(
+                device_type, dtype=torch.bfloat16, enabled=precision == "bf16", cache_enabled=False
+            ):
                 yield
         finally:
             torch.set_float32_matmul_precision(before)
