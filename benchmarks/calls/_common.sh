@@ -9,5 +9,7 @@ step() {
   timeout -k 5 "$limit" "$@" --work /tmp/w-$name --out $OUT/$name > $OUT/$name.log 2>&1
   echo "== $name rc=$? $((SECONDS-t0))s"; grep -E '"total_seq_len"|"ranks"' $OUT/$name.log | cut -c1-900
   grep -nE "Error|error:" $OUT/$name.log | tail -4 | cut -c1-900
+  # a run cut short keeps its steps (times, losses): rank 0's train_metrics.jsonl
+  for m in /tmp/w-$name/*/train_metrics.jsonl; do [ -f "$m" ] && cp "$m" $OUT/$name-$(basename $(dirname $m)).jsonl; done
   pkill -f torch.distributed.run; cp /tmp/w-$name/*/torchrun-*.log $OUT/ 2>/dev/null; rm -rf /tmp/w-$name
 }
