@@ -61,9 +61,10 @@ def precision_context(precision: str, device_type: str):
     Autocast without its cast cache: autocast keeps the bfloat16 copy of each float32 weight it
     casts until its outermost context exits, so with the cache one context around the training
     computes every step with the first step's weights (on a CPU the loss did not move in 36 steps
-    where fp32's fell 11%; tests/test_precision.py). One context stays around the whole training
-    (the backward too): torch before 2.11 runs flex attention's backward on a CPU with a float32
-    gradient against bfloat16 scores outside autocast (``expected m1 and m2 to have the same
+    where fp32's fell 11%: benchmarks/results/gpu_train-bf16-h100-2026-12-07.json;
+    tests/test_precision.py). One context stays around the whole training, the backward too:
+    with autocast around each forward only, the draft's flex attention backward on a CPU with
+    torch 2.8 met a float32 gradient with bfloat16 scores (``expected m1 and m2 to have the same
     dtype``)."""
     import torch
 
