@@ -99,8 +99,8 @@ def _adamw_after(steps: int, fused_from: int | None, *, resume_at: int | None = 
             saved = opt.state_dict()
             opt = torch.optim.AdamW(model.named_parameters(), lr=1e-2)
             opt.load_state_dict(saved)
-        if step == fused_from or (step == resume_at and fused_from is not None and step > fused_from):
-            use_fused_adamw(opt, True)
+        if fused_from is not None and step >= fused_from and step in (fused_from, resume_at):
+            use_fused_adamw(opt, True)  # as train does once the optimizer is built or reloaded
         for p, g in zip(model.parameters(), grads, strict=True):
             p.grad = g * (step + 1)
         opt.step()

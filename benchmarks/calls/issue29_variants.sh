@@ -1,6 +1,7 @@
 #!/bin/bash
-# issue 29, call C (one GPU, about 9.5 minutes): at 8,192 tokens, train's fused AdamW (bf16) beside the foreach kernels and
-# padding batches to a multiple of 1,024 tokens beside tf32, each with its baseline in this call.
+# issue 29, call C (one GPU, about 9.5 minutes): at 8,192 tokens, train's fused AdamW (bf16)
+# beside the foreach kernels, and padding batches to a multiple of 1,024 tokens beside tf32,
+# each with its baseline in this call.
 # Carry .whl (the 9 wheels); run from the repo root.
 source benchmarks/calls/_common.sh
 K="python benchmarks/gpu_train.py --kimi --total-seq-lens 8192 --steps 8 --warmup 3"
