@@ -6,11 +6,20 @@ env the settings tox.ini's ``[testenv]`` reads: ``vllm_release`` (X.Y), ``vllm_c
 (``constraints/vllm-X.Y.txt`` and, once ``tools/lock_envs.py`` wrote it, the lock file) and
 ``vllm_overrides``. Envs that run on a release without being one (``demo``, ``bench``) name it
 with ``vllm_release`` in tox.ini.
+
+With ``SPECULATORS_COMPAT_TOX_PRUNE=1`` (``.ci/run`` sets it) each release env is deleted once it
+has run, and uv's cache drops what no later release pins at the same version
+(``releases.last_use``): every release installs its own CUDA build of torch from PyPI (about 6 GB
+with its ``nvidia-*`` libraries), and ``tox`` without it held them all at once (docs/testing.md has
+the figures), more than a CI machine had free (``No space left on device`` at the fourth torch).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,6 +42,7 @@ def _load_releases():
 
 releases = _load_releases()
 RELEASES = releases.RELEASES
+PRUNE = "SPECULATORS_COMPAT_TOX_PRUNE"
 
 
 @impl
@@ -81,4 +91,40 @@ def tox_add_env_config(env_conf, state):
     )
     env_conf.add_config(
         keys=["vllm_overrides"], of_type=str, default=overrides, desc="uv override file of the release"
+    )
+
+
+def _uv() -> str:
+    try:
+        from uv import find_uv_bin  # tox-uv's own uv
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return shutil.which("uv") or "uv"
+
+
+@impl
+def tox_env_teardown(tox_env):
+    if os.environ.get(PRUNE) != "1":
+        return
+    try:
+        release = releases.by_minor(tox_env.conf["vllm_release"])
+    except KeyError:
+        release = None
+    if release is None:
+        return
+    env_dir = Path(tox_env.env_dir)
+    free_before = shutil.disk_usage(env_dir.parent).free
+    shutil.rmtree(env_dir, ignore_errors=True)
+    packages = releases.last_use(release.minor)
+    cleaned = subprocess.run(
+        [_uv(), "cache", "clean", *packages], capture_output=True, text=True, check=False
+    )
+    free_after = shutil.disk_usage(env_dir.parent).free
+    outcome = "" if cleaned.returncode == 0 else f" (uv cache clean failed: {cleaned.stderr.strip()[-300:]})"
+    print(
+        f"{tox_env.name}: {PRUNE}: env deleted, {len(packages)} packages no later release pins dropped from "
+        f"uv's cache{outcome}; freed {(free_after - free_before) / 2**30:.1f} GiB, "
+        f"{free_after / 2**30:.1f} GiB free",
+        flush=True,
     )

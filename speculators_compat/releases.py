@@ -16,6 +16,11 @@ vLLM installed).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+#: The pin files of a source checkout (not shipped in the wheel): ``vllm-X.Y.txt`` and
+#: ``lock/vllm-X.Y.txt``.
+CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints"
 
 #: What CI runs of a release (the README's test command, ``tox``); ``tox -m matrix`` runs the
 #: whole suite on every release whose build can start an engine here.
@@ -100,3 +105,27 @@ def tested_text() -> str:
 
 
 TESTED_TEXT = tested_text()
+
+
+def pins(minor: str, *, lock: bool = True) -> dict[str, str]:
+    """``{package: version}`` a release's env is pinned to: ``constraints/vllm-<minor>.txt``, then
+    (``lock``) what ``constraints/lock/vllm-<minor>.txt`` adds or overrides. Empty outside a
+    source checkout."""
+    files = [f"vllm-{minor}.txt"] + ([f"lock/vllm-{minor}.txt"] if lock else [])
+    found: dict[str, str] = {}
+    for name in files:
+        path = CONSTRAINTS / name
+        for line in path.read_text().splitlines() if path.is_file() else ():
+            package, sep, version = line.partition("==")
+            if sep and not package.startswith("#"):
+                found[package.strip().lower()] = version.strip()
+    return found
+
+
+def last_use(minor: str) -> list[str]:
+    """The packages of release ``minor``'s env that no later release in :data:`RELEASES` pins at the
+    same version: what the env's installs leave in uv's cache that a run in list order (``tox``)
+    will not install again. CI frees them after the env (``toxfile.py``)."""
+    later = [r.minor for r in RELEASES][[r.minor for r in RELEASES].index(minor) + 1 :]
+    kept = {pin for other in later for pin in pins(other).items()}
+    return sorted(name for name, version in pins(minor).items() if (name, version) not in kept)

