@@ -126,6 +126,6 @@ def last_use(minor: str) -> list[str]:
     """The packages of release ``minor``'s env that no later release in :data:`RELEASES` pins at the
     same version: what the env's installs leave in uv's cache that a run in list order (``tox``)
     will not install again. CI frees them after the env (``toxfile.py``)."""
-    later = [r.minor for r in RELEASES][[r.minor for r in RELEASES].index(minor) + 1 :]
-    kept = {pin for other in later for pin in pins(other).items()}
+    minors = [r.minor for r in RELEASES]
+    kept = {pin for other in minors[minors.index(minor) + 1 :] for pin in pins(other).items()}
     return sorted(name for name, version in pins(minor).items() if (name, version) not in kept)

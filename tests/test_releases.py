@@ -7,10 +7,17 @@ import re
 from pathlib import Path
 
 from speculators_compat import registry, releases
-from speculators_compat.releases import CI_TIERS, RELEASES, by_minor, for_env, pins, suite_release
+from speculators_compat.releases import (
+    CI_TIERS,
+    CONSTRAINTS,
+    RELEASES,
+    by_minor,
+    for_env,
+    pins,
+    suite_release,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-CONSTRAINTS = ROOT / "constraints"
 
 
 def release_pin(minor: str) -> tuple[str, str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from speculators_compat.releases import RELEASES, Release, by_minor, pins, suite_release
 
@@ -34,7 +33,6 @@ ORACLE = (
 )
 CORE = ("tests/test_engine.py", "tests/test_generator.py", "tests/test_capture.py")
 SERVING = ("tests/test_serving.py",)
-ROOT = Path(__file__).resolve().parents[1]
 #: Markers of tests that start no engine: run in the matrix only by releases with ``training``.
 NO_ENGINE = "not training and not cli_input"
 
